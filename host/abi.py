@@ -1,0 +1,151 @@
+"""The policy ABI payloads: the msgpack layouts the host hands to WASM policies.
+
+These Structs *are* the ABI (policies/ABI.md documents them field by field and a test
+checks the two agree). Every payload is a msgpack **array** (``array_like=True``): fields
+are positional, in the order declared here. Layouts only ever grow at the end, so a
+policy must ignore trailing elements it does not know — that is how ABI v1 stays
+forward compatible.
+
+Encode with :data:`encoder`; the host decodes nothing a policy produces except scores,
+keep-masks, ``describe`` and exported state.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+__all__ = [
+    "ABI_VERSION",
+    "Criticality",
+    "CompletionStatus",
+    "EndpointMetrics",
+    "Snapshot",
+    "Request",
+    "ScoreInput",
+    "PreRequestEvent",
+    "PostResponseEvent",
+    "Describe",
+    "encoder",
+]
+
+#: The one ABI version this host speaks; a module whose ``epick_abi_version()`` returns
+#: anything else is refused.
+ABI_VERSION = 1
+
+#: Version of the :class:`Snapshot` layout (its first element).
+SNAPSHOT_SCHEMA = 1
+
+
+class Criticality(enum.IntEnum):
+    CRITICAL = 0
+    STANDARD = 1
+    SHEDDABLE = 2
+
+
+class CompletionStatus(enum.IntEnum):
+    OK = 0
+    ERROR = 1
+    CANCELLED = 2
+
+
+class EndpointMetrics(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """One model-server replica as the last good scrape saw it."""
+
+    address: str
+    """``host:port`` — the identity policies key their state by."""
+    waiting: int = 0
+    """Requests queued (``vllm:num_requests_waiting``)."""
+    running: int = 0
+    """Requests in the running batch (``vllm:num_requests_running``)."""
+    kv_usage: float = 0.0
+    """KV-cache use, 0..1."""
+    running_adapters: tuple[str, ...] = ()
+    """LoRA adapters currently loaded and serving."""
+    waiting_adapters: tuple[str, ...] = ()
+    """LoRA adapters with requests waiting for a slot."""
+    max_lora: int = 0
+    """Adapter slots (0 = the engine reports no LoRA support)."""
+    num_gpu_blocks: int = 0
+    """KV blocks on the device (0 = unknown)."""
+    block_size: int = 0
+    """Tokens per KV block (0 = unknown)."""
+
+
+class Snapshot(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """The pool as one consistent view: rebuilt once per metrics change, never per request."""
+
+    schema: int = SNAPSHOT_SCHEMA
+    version: int = 0
+    """Increases by one on every rebuild; policies may use it to skip re-decoding."""
+    timestamp_ms: int = 0
+    """Unix time of the rebuild in ms — the only clock a policy sees."""
+    endpoints: tuple[EndpointMetrics, ...] = ()
+
+
+class Request(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """What the gateway asked, as policies see it."""
+
+    request_id: str = ""
+    model: str = ""
+    adapter: str = ""
+    """LoRA adapter name; empty means the base model."""
+    prompt: str = ""
+    """The text the prefix policy hashes (chat: see ``epick.chat.serialize``)."""
+    criticality: int = Criticality.STANDARD
+    seed: int = 0
+    """u64; every random choice a policy makes derives from it."""
+    cache_salt: str = ""
+    """Tenant isolation for the prefix cache: hashed into the first block when set."""
+    headers: dict[str, str] = {}
+
+
+class ScoreInput(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """Input of ``score`` and ``filter``.
+
+    ``snapshot`` is ``None`` when the policy exports ``set_snapshot`` and the host has
+    already delivered the snapshot the candidate indices refer to.
+    """
+
+    snapshot: Snapshot | None = None
+    request: Request = Request()
+    candidates: tuple[int, ...] = ()
+    """Indices into ``snapshot.endpoints``; one result per candidate, in this order."""
+
+
+class PreRequestEvent(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """Input of ``pre_request``: the host picked ``endpoint`` for ``request``."""
+
+    request: Request = Request()
+    endpoint: str = ""
+    timestamp_ms: int = 0
+
+
+class PostResponseEvent(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """Input of ``post_response``: the gateway reported the request finished.
+
+    May arrive without a matching ``pre_request`` (restart, lost state) or twice (gateway
+    retries): policies must tolerate both.
+    """
+
+    request_id: str = ""
+    adapter: str = ""
+    endpoint: str = ""
+    status: int = CompletionStatus.OK
+    timestamp_ms: int = 0
+    model: str = ""
+
+
+class Describe(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``describe`` returns: a msgpack **map** (read by tools, not the hot path)."""
+
+    name: str
+    version: str = "0.0.0"
+    kind: str = "custom"
+    """lora-affinity | prefix-cache | load | legacy-v1 | custom"""
+    params: dict[str, object] = {}
+    """The defaults of every parameter ``init`` accepts."""
+
+
+encoder = msgspec.msgpack.Encoder()

@@ -1,0 +1,184 @@
+"""The scheduler's extension points — every plugin implements one or more of these.
+
+One scheduling cycle, for one request (seed 001; the kube-scheduler framework):
+
+    filter  (hard: drop candidates)   host filters first, then filter policies, in order
+    score   (soft: one score per candidate in [0, 1])   every live scorer, weighted sum
+    pick    (max total, seeded random tie-break; or weighted random)   primary + fallbacks
+    pre_request   (after the pick: policies record it — LoRA history, prefix LRU)
+    ...later, when the gateway reports completion...
+    post_response
+
+Plugins know nothing of each other; they share only the read-only :class:`Cycle`.
+A plugin that fails raises :class:`PluginError`; the runner decides the consequence
+(a failed scorer is skipped for that request, a failed filter is skipped too — failing
+open — and both are counted).
+
+Threading: a cycle runs start to finish on the thread that owns the scheduler (the
+service's event-loop thread). WASM Stores are single-threaded, so plugins may assume it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from epick import abi
+
+__all__ = [
+    "PoolSnapshot",
+    "EndpointInfo",
+    "Cycle",
+    "PluginError",
+    "FilterPlugin",
+    "ScorePlugin",
+    "PreRequestPlugin",
+    "PostResponsePlugin",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointInfo:
+    """Host-side facts about an endpoint that policies never see."""
+
+    fresh: bool = True
+    """Its last good scrape is younger than ``stale_after_ms``."""
+    models: frozenset[str] | None = None
+    """Models it serves; ``None`` = any."""
+    adapters: frozenset[str] | None = None
+    """Adapters pinned to it by config; ``None`` = any adapter may be loaded."""
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """One consistent view of the pool, built once per metrics change.
+
+    ``snapshot.endpoints[i]`` and ``info[i]`` describe the same endpoint. ``encoded`` is
+    the msgpack of ``snapshot`` — what ``set_snapshot`` receives — made once here so no
+    request pays for it.
+    """
+
+    snapshot: abi.Snapshot
+    encoded: bytes
+    info: tuple[EndpointInfo, ...]
+
+    @property
+    def version(self) -> int:
+        return self.snapshot.version
+
+    @classmethod
+    def build(
+        cls, snapshot: abi.Snapshot, info: Sequence[EndpointInfo] | None = None
+    ) -> "PoolSnapshot":
+        info = tuple(info) if info is not None else (EndpointInfo(),) * len(snapshot.endpoints)
+        if len(info) != len(snapshot.endpoints):
+            raise ValueError(
+                f"PoolSnapshot.build: {len(info)} EndpointInfo for "
+                f"{len(snapshot.endpoints)} endpoints"
+            )
+        return cls(snapshot=snapshot, encoded=abi.encoder.encode(snapshot), info=info)
+
+
+@dataclass(slots=True)
+class Cycle:
+    """Per-request state shared by every plugin of one scheduling cycle (read-only to them).
+
+    Encoded payloads are cached here so that N policies cost one encoding.
+    """
+
+    pool: PoolSnapshot
+    request: abi.Request
+    _inputs: dict[tuple[bool, tuple[int, ...]], bytes] = field(default_factory=dict)
+    data: dict[str, object] = field(default_factory=dict)
+    """Free-form per-cycle data, keyed by plugin name (kube's CycleState)."""
+
+    def score_input(self, candidates: tuple[int, ...], *, inline_snapshot: bool) -> bytes:
+        """The msgpack ``ScoreInput`` for these candidates (cached per cycle).
+
+        ``inline_snapshot=False`` leaves the snapshot out (nil) for policies that keep it
+        resident via ``set_snapshot``.
+        """
+        key = (inline_snapshot, candidates)
+        blob = self._inputs.get(key)
+        if blob is None:
+            blob = abi.encoder.encode(
+                abi.ScoreInput(
+                    snapshot=self.pool.snapshot if inline_snapshot else None,
+                    request=self.request,
+                    candidates=candidates,
+                )
+            )
+            self._inputs[key] = blob
+        return blob
+
+
+class PluginError(Exception):
+    """A plugin failed for this call: it trapped, timed out, errored or misbehaved.
+
+    ``plugin`` names who failed, ``stage`` where (``score``, ``filter``, ``pre_request``…),
+    ``kind`` what happened (``error``, ``trap``, ``timeout``, ``invalid-output``,
+    ``circuit-open``) — the label used by metrics.
+    """
+
+    def __init__(self, plugin: str, stage: str, kind: str, reason: str) -> None:
+        super().__init__(f"policy {plugin!r} {stage}: {kind}: {reason}")
+        self.plugin = plugin
+        self.stage = stage
+        self.kind = kind
+        self.reason = reason
+
+
+@runtime_checkable
+class FilterPlugin(Protocol):
+    """Hard requirement: keep only candidates that may serve the request."""
+
+    name: str
+
+    def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        """Return the kept subset of ``candidates`` (indices into the snapshot), in order.
+
+        Raise :class:`PluginError` on failure; the runner then keeps the input (fail open).
+        An empty result means nothing can serve the request.
+        """
+        ...
+
+
+@runtime_checkable
+class ScorePlugin(Protocol):
+    """Soft preference: one score per candidate."""
+
+    name: str
+
+    def score(self, cycle: Cycle, candidates: tuple[int, ...]) -> np.ndarray:
+        """Return a float64 array, one score per candidate in order, each finite in [0, 1].
+
+        Raise :class:`PluginError` on failure; the runner then skips this plugin for this
+        request. Must not mutate state that changes later scores: recording a decision is
+        ``pre_request``'s job.
+        """
+        ...
+
+
+@runtime_checkable
+class PreRequestPlugin(Protocol):
+    """Runs once per successful pick, after it."""
+
+    name: str
+
+    def pre_request(self, cycle: Cycle, endpoint: str) -> None:
+        """Record that ``endpoint`` (an address) was picked for ``cycle.request``."""
+        ...
+
+
+@runtime_checkable
+class PostResponsePlugin(Protocol):
+    """Runs when the gateway reports completion."""
+
+    name: str
+
+    def post_response(self, event: abi.PostResponseEvent) -> None:
+        """Idempotent; tolerates an event with no matching ``pre_request``."""
+        ...
