@@ -1,0 +1,174 @@
+"""Every Prometheus metric the service exports, defined once, in one registry.
+
+All metrics live in :data:`REGISTRY`, a dedicated :class:`~prometheus_client.CollectorRegistry`
+(not the library's global default), so tests read exact values with
+``REGISTRY.get_sample_value(name, labels)`` and nothing from other libraries leaks in.
+Every name starts with ``epick_``; latencies are in seconds, as Prometheus expects.
+
+Label values are bounded sets (stages, outcomes, kinds, reasons) except ``policy`` and
+``endpoint``, which are bounded by the configuration. Whoever removes an endpoint from the
+pool removes its per-endpoint series too (:func:`forget_endpoint`).
+
+Serve them with :func:`start_metrics_server`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = [
+    "REGISTRY",
+    "PICK_LATENCY",
+    "POLICY_SCORE_LATENCY",
+    "PICKS",
+    "POLICY_ERRORS",
+    "SCRAPE_ERRORS",
+    "ENDPOINT_FRESH",
+    "ENDPOINT_SCRAPE_AGE",
+    "SNAPSHOT_REBUILDS",
+    "SNAPSHOT_ENDPOINTS",
+    "SHADOW_AGREEMENT",
+    "SHADOW_SCORE_DELTA",
+    "PICK_STAGES",
+    "PICK_OUTCOMES",
+    "POLICY_ERROR_KINDS",
+    "MetricsServer",
+    "start_metrics_server",
+    "forget_endpoint",
+]
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+"""The service's registry; every metric below is registered here and only here."""
+
+#: Label values of ``epick_pick_latency_seconds{stage}``.
+PICK_STAGES = ("total", "filter", "score", "pick", "hooks")
+#: Label values of ``epick_picks_total{outcome}``.
+PICK_OUTCOMES = ("ok", "shed", "unavailable", "invalid", "error")
+#: Label values of ``epick_policy_errors_total{kind}`` (= ``PluginError.kind``).
+POLICY_ERROR_KINDS = ("error", "trap", "timeout", "invalid-output", "circuit-open")
+
+# The host's own per-pick work is a few to a few hundred µs (DESIGN.md: keep it well
+# under 100 µs), so the buckets are dense from 5 µs to 1 ms and sparse above it.
+_MICRO_BUCKETS = (
+    5e-6, 10e-6, 20e-6, 35e-6, 50e-6, 75e-6, 100e-6, 150e-6, 250e-6, 500e-6,
+    1e-3, 2.5e-3, 5e-3, 10e-3, 50e-3, 0.25, 1.0,
+)  # fmt: skip
+# Score deltas between a shadow and the live policy are in [0, 1].
+_DELTA_BUCKETS = (0.0, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0)
+
+PICK_LATENCY = Histogram(
+    "epick_pick_latency_seconds",
+    "Host-side time of one Pick, by stage (total|filter|score|pick|hooks).",
+    ["stage"],
+    buckets=_MICRO_BUCKETS,
+    registry=REGISTRY,
+)
+POLICY_SCORE_LATENCY = Histogram(
+    "epick_policy_score_latency_seconds",
+    "Time of one policy's score (or filter) call, including the payload copy.",
+    ["policy"],
+    buckets=_MICRO_BUCKETS,
+    registry=REGISTRY,
+)
+PICKS = Counter(
+    "epick_picks",
+    "Pick requests by outcome (ok|shed|unavailable|invalid|error).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+POLICY_ERRORS = Counter(
+    "epick_policy_errors",
+    "Failed policy calls by kind (error|trap|timeout|invalid-output|circuit-open).",
+    ["policy", "kind"],
+    registry=REGISTRY,
+)
+SCRAPE_ERRORS = Counter(
+    "epick_scrape_errors",
+    "Failed metric scrapes by endpoint and reason (see epick.pool.ScrapeError.kind).",
+    ["endpoint", "reason"],
+    registry=REGISTRY,
+)
+ENDPOINT_FRESH = Gauge(
+    "epick_endpoint_fresh",
+    "1 if the endpoint's last good scrape is younger than stale_after, else 0.",
+    ["endpoint"],
+    registry=REGISTRY,
+)
+ENDPOINT_SCRAPE_AGE = Gauge(
+    "epick_endpoint_scrape_age_seconds",
+    "Age of the endpoint's last good scrape when the snapshot was last checked.",
+    ["endpoint"],
+    registry=REGISTRY,
+)
+SNAPSHOT_REBUILDS = Counter(
+    "epick_snapshot_rebuilds",
+    "Pool snapshots built (each one a metrics, freshness or endpoint-set change).",
+    registry=REGISTRY,
+)
+SNAPSHOT_ENDPOINTS = Gauge(
+    "epick_snapshot_endpoints",
+    "Endpoints in the current pool snapshot (fresh or stale).",
+    registry=REGISTRY,
+)
+SHADOW_AGREEMENT = Counter(
+    "epick_shadow_agreement",
+    "Picks where a shadow policy's choice agreed (or not) with the live one.",
+    ["policy", "agree"],
+    registry=REGISTRY,
+)
+SHADOW_SCORE_DELTA = Histogram(
+    "epick_shadow_score_delta",
+    "Absolute score difference between a shadow policy and the live one, per candidate.",
+    ["policy"],
+    buckets=_DELTA_BUCKETS,
+    registry=REGISTRY,
+)
+
+
+def forget_endpoint(address: str) -> None:
+    """Drop every per-endpoint series of ``address`` (it left the pool).
+
+    Uses ``remove_by_labels`` (prometheus-client >= 0.22): it removes every ``reason``
+    of ``epick_scrape_errors_total`` for the endpoint and ignores series never exported.
+    """
+    for metric in (ENDPOINT_FRESH, ENDPOINT_SCRAPE_AGE, SCRAPE_ERRORS):
+        metric.remove_by_labels({"endpoint": address})
+
+
+@dataclass(slots=True)
+class MetricsServer:
+    """A running ``/metrics`` HTTP server; :meth:`close` stops it and joins its thread."""
+
+    host: str
+    port: int
+    _server: ThreadingHTTPServer
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+def start_metrics_server(
+    host: str = "127.0.0.1", port: int = 0, registry: CollectorRegistry = REGISTRY
+) -> MetricsServer:
+    """Serve ``registry`` in the Prometheus text format at ``http://host:port/metrics``.
+
+    ``port=0`` binds a free port; read it back from the returned
+    :class:`MetricsServer`. The server runs in prometheus_client's own thread (it is a
+    blocking stdlib server); call :meth:`MetricsServer.close` on shutdown so that the
+    thread ends with the service instead of being left to die with the process.
+
+    Raises ``OSError`` if the address cannot be bound.
+    """
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return MetricsServer(host=host, port=server.server_port, _server=server, _thread=thread)
