@@ -16,7 +16,7 @@ install: $(STAMP)
 
 ## proto: regenerate the gRPC stubs from proto/ (committed; never hand-edited)
 proto: $(STAMP)
-	$(PY) -m grpc_tools.protoc -I proto --python_out=host/api/gen --grpc_python_out=host/api/gen --pyi_out=host/api/gen proto/epick/v1/*.proto
+	$(PY) -m epick.api.protogen
 
 ## policies: build every policies/*/ Zig or C source into policies/*.wasm
 policies: $(STAMP)

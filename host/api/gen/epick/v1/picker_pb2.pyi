@@ -1,0 +1,124 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Criticality(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CRITICALITY_UNSPECIFIED: _ClassVar[Criticality]
+    CRITICAL: _ClassVar[Criticality]
+    STANDARD: _ClassVar[Criticality]
+    SHEDDABLE: _ClassVar[Criticality]
+
+class CompletionStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OK: _ClassVar[CompletionStatus]
+    ERROR: _ClassVar[CompletionStatus]
+    CANCELLED: _ClassVar[CompletionStatus]
+CRITICALITY_UNSPECIFIED: Criticality
+CRITICAL: Criticality
+STANDARD: Criticality
+SHEDDABLE: Criticality
+OK: CompletionStatus
+ERROR: CompletionStatus
+CANCELLED: CompletionStatus
+
+class PickRequest(_message.Message):
+    __slots__ = ("request_id", "model", "adapter", "prompt", "criticality", "seed", "explain", "headers", "cache_salt")
+    class HeadersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    CRITICALITY_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    adapter: str
+    prompt: str
+    criticality: Criticality
+    seed: int
+    explain: bool
+    headers: _containers.ScalarMap[str, str]
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., adapter: _Optional[str] = ..., prompt: _Optional[str] = ..., criticality: _Optional[_Union[Criticality, str]] = ..., seed: _Optional[int] = ..., explain: _Optional[bool] = ..., headers: _Optional[_Mapping[str, str]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+
+class PickResponse(_message.Message):
+    __slots__ = ("endpoint", "fallbacks", "decision_id", "explanation")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    fallbacks: _containers.RepeatedScalarFieldContainer[str]
+    decision_id: str
+    explanation: Explanation
+    def __init__(self, endpoint: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., decision_id: _Optional[str] = ..., explanation: _Optional[_Union[Explanation, _Mapping]] = ...) -> None: ...
+
+class Explanation(_message.Message):
+    __slots__ = ("candidates", "snapshot_version", "skipped_policies")
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_POLICIES_FIELD_NUMBER: _ClassVar[int]
+    candidates: _containers.RepeatedCompositeFieldContainer[CandidateExplanation]
+    snapshot_version: int
+    skipped_policies: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, candidates: _Optional[_Iterable[_Union[CandidateExplanation, _Mapping]]] = ..., snapshot_version: _Optional[int] = ..., skipped_policies: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CandidateExplanation(_message.Message):
+    __slots__ = ("endpoint", "total", "scores", "filtered_by", "rank")
+    class ScoresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_BY_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    total: float
+    scores: _containers.ScalarMap[str, float]
+    filtered_by: str
+    rank: int
+    def __init__(self, endpoint: _Optional[str] = ..., total: _Optional[float] = ..., scores: _Optional[_Mapping[str, float]] = ..., filtered_by: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class CompletionReport(_message.Message):
+    __slots__ = ("decision_id", "request_id", "endpoint", "status", "prompt_tokens", "completion_tokens", "ttft_seconds")
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    decision_id: str
+    request_id: str
+    endpoint: str
+    status: CompletionStatus
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_seconds: float
+    def __init__(self, decision_id: _Optional[str] = ..., request_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., status: _Optional[_Union[CompletionStatus, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_seconds: _Optional[float] = ...) -> None: ...
+
+class CompletionAck(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...

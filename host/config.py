@@ -1,0 +1,188 @@
+"""The config file: one versioned TOML document, decoded once, at the edge.
+
+Every table is a frozen msgspec Struct that forbids unknown keys, so a typo is an error
+that names the file, the path and the value, e.g.::
+
+    epick.toml: Expected `float` <= 1.0 - at `$.admission.kv_threshold`
+
+Cross-field rules live in ``__post_init__``; nothing downstream re-checks.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from epick.pool import EndpointSpec
+
+__all__ = [
+    "CONFIG_VERSION",
+    "ConfigError",
+    "Config",
+    "ServerConfig",
+    "PoolConfig",
+    "PolicyConfig",
+    "AdmissionConfig",
+    "RuntimeConfig",
+    "AdminConfig",
+    "load",
+    "loads",
+    "resolve_module",
+    "BUILTIN_POLICY_DIR",
+]
+
+CONFIG_VERSION = 1
+
+#: Where the built-in policies (``module = "load"``) live: the committed builds.
+BUILTIN_POLICY_DIR = Path(__file__).resolve().parent.parent / "policies" / "dist"
+
+#: The environment variable that may carry the admin bearer token instead of the file.
+ADMIN_TOKEN_ENV = "EPICK_ADMIN_TOKEN"
+
+Address = Annotated[str, Meta(pattern=r"^\[?[A-Za-z0-9.:_-]*\]?:\d{1,5}$")]
+PositiveMs = Annotated[int, Meta(gt=0)]
+Weight = Annotated[float, Meta(ge=0)]
+
+
+class ConfigError(Exception):
+    """The config file is unreadable or invalid. ``str()`` names the file and the path."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"{source}: {reason}")
+        self.source = source
+        self.reason = reason
+
+
+class _Table(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ServerConfig(_Table):
+    listen: Address = "127.0.0.1:9002"
+    fallbacks: Annotated[int, Meta(ge=0, le=64)] = 2
+    """How many fallbacks a PickResponse carries after the primary."""
+    metrics_listen: Address | Literal[""] = "127.0.0.1:9090"
+    """Prometheus /metrics; empty disables it."""
+    picker: Literal["max", "weighted-random"] = "max"
+    """max: highest total, seeded random tie-break; weighted-random: P ∝ total."""
+    decision_ttl_s: Annotated[float, Meta(gt=0)] = 600.0
+    """How long a decision waits for its ReportCompletion before it is forgotten."""
+    max_decisions: Annotated[int, Meta(gt=0)] = 100_000
+    """Bound on remembered decisions (oldest forgotten first) so nothing leaks."""
+
+
+class PoolConfig(_Table):
+    scrape_interval_ms: PositiveMs = 50
+    stale_after_ms: PositiveMs = 2000
+    timeout_ms: PositiveMs = 5000
+    endpoints: list[EndpointSpec] = []
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for spec in self.endpoints:
+            if spec.address in seen:
+                raise ValueError(f"endpoint {spec.address!r} is listed twice")
+            seen.add(spec.address)
+
+
+class PolicyConfig(_Table):
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+    module: Annotated[str, Meta(min_length=1)]
+    """A path to a .wasm (relative to the config file) or a built-in name (``load``)."""
+    weight: Weight = 1.0
+    params: dict[str, object] = {}
+    shadow: bool = False
+    """Score beside the live set without changing picks."""
+
+
+class AdmissionConfig(_Table):
+    """Admission for SHEDDABLE requests (the v1 rule): keep endpoints under both."""
+
+    queue_threshold: Annotated[int, Meta(ge=0)] = 5
+    kv_threshold: Annotated[float, Meta(ge=0, le=1)] = 0.8
+
+
+class RuntimeConfig(_Table):
+    budget_ms: Annotated[float, Meta(gt=0, le=1000)] = 1.0
+    memory_mb: Annotated[int, Meta(ge=1, le=4096)] = 64
+    breaker_failures: Annotated[int, Meta(ge=1)] = 5
+    breaker_cooldown_s: Annotated[float, Meta(ge=0)] = 10.0
+    policy_dir: str = ""
+    """Watched for .wasm files: a new or changed ``NAME.wasm`` is validated and swapped in
+    for the policy called NAME (or added with weight 1). Empty disables watching."""
+    cache_dir: str = ""
+    """Compiled-module cache (by content hash). Empty: ``~/.cache/epick``."""
+
+
+class AdminConfig(_Table):
+    listen: Address | Literal[""] = "127.0.0.1:9003"
+    """Empty disables the admin API."""
+    token: str = ""
+    """Bearer token; ``$EPICK_ADMIN_TOKEN`` wins when set. Without either, every admin call
+    is refused."""
+    require_conformance: bool = True
+    """A module must pass ``epick conformance`` before it goes live."""
+    allow_nonconformant_shadow: bool = False
+    """Let a module that fails conformance run in shadow mode (never live)."""
+
+    def effective_token(self) -> str:
+        return os.environ.get(ADMIN_TOKEN_ENV) or self.token
+
+
+class Config(_Table):
+    version: int
+    server: ServerConfig = ServerConfig()
+    pool: PoolConfig = PoolConfig()
+    policies: list[PolicyConfig] = []
+    admission: AdmissionConfig = AdmissionConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    admin: AdminConfig = AdminConfig()
+
+    def __post_init__(self) -> None:
+        if self.version != CONFIG_VERSION:
+            raise ValueError(
+                f"unsupported config version {self.version}; this epick reads version "
+                f"{CONFIG_VERSION}"
+            )
+        names = [p.name for p in self.policies]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"policy name {name!r} is used twice")
+
+
+def loads(text: str | bytes, *, source: str = "<config>") -> Config:
+    """Decode and validate a config document; raise :class:`ConfigError` naming ``source``."""
+    try:
+        return msgspec.toml.decode(text, type=Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(source, str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(source, f"not valid TOML: {exc}") from None
+
+
+def load(path: str | os.PathLike[str]) -> Config:
+    """Read and validate the config file at ``path``."""
+    path = Path(path)
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read: {exc.strerror}") from None
+    return loads(text, source=str(path))
+
+
+def resolve_module(module: str, *, base: Path | None = None) -> Path:
+    """Where the .wasm for a ``module`` value lives.
+
+    A bare name without ``/`` or ``.wasm`` is a built-in (``policies/dist/NAME.wasm``);
+    anything else is a path, relative to ``base`` (the config file's folder).
+    """
+    if "/" not in module and not module.endswith(".wasm"):
+        return BUILTIN_POLICY_DIR / f"{module}.wasm"
+    path = Path(module).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    return path

@@ -1,0 +1,63 @@
+"""Host filters: the hard rules every request passes before any policy scores it.
+
+Each is a :class:`~epick.scheduler.framework.FilterPlugin` and runs in this order:
+``fresh`` -> ``serves-model`` -> ``admission``. They read only the cycle's snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from epick.abi import Criticality
+from epick.scheduler.framework import Cycle
+
+__all__ = ["FreshFilter", "ServesModelFilter", "AdmissionFilter"]
+
+
+class FreshFilter:
+    """Keep endpoints whose last good scrape is younger than ``stale_after_ms``."""
+
+    name = "fresh"
+
+    def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        info = cycle.pool.info
+        return tuple(i for i in candidates if info[i].fresh)
+
+
+class ServesModelFilter:
+    """Keep endpoints that serve the model and, where the config pins adapters, the adapter."""
+
+    name = "serves-model"
+
+    def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        info = cycle.pool.info
+        model, adapter = cycle.request.model, cycle.request.adapter
+        kept = []
+        for i in candidates:
+            e = info[i]
+            if e.models is not None and model not in e.models:
+                continue
+            if adapter and e.adapters is not None and adapter not in e.adapters:
+                continue
+            kept.append(i)
+        return tuple(kept)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionFilter:
+    """SHEDDABLE requests only go to endpoints with queue <= q and KV <= kv (the v1 rule).
+
+    An empty result for a SHEDDABLE request means it is shed (RESOURCE_EXHAUSTED);
+    other criticalities pass untouched.
+    """
+
+    queue_threshold: int = 5
+    kv_threshold: float = 0.8
+    name: str = "admission"
+
+    def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        if cycle.request.criticality != Criticality.SHEDDABLE:
+            return candidates
+        eps = cycle.pool.snapshot.endpoints
+        q, kv = self.queue_threshold, self.kv_threshold
+        return tuple(i for i in candidates if eps[i].waiting <= q and eps[i].kv_usage <= kv)

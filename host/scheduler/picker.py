@@ -1,0 +1,88 @@
+"""Pickers: turn weighted totals into an ordered answer (primary first, then fallbacks).
+
+Both are deterministic for a given seed; without a seed they draw from the process RNG.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Protocol
+
+import numpy as np
+
+__all__ = ["Picker", "MaxScorePicker", "WeightedRandomPicker", "make_picker"]
+
+_PROCESS_RNG = random.Random()
+
+
+def _rng(seed: int | None) -> random.Random:
+    return _PROCESS_RNG if seed is None else random.Random(seed)
+
+
+class Picker(Protocol):
+    name: str
+
+    def pick(self, totals: np.ndarray, count: int, seed: int | None) -> list[int]:
+        """Return up to ``count`` positions into ``totals``, best first."""
+        ...
+
+
+class MaxScorePicker:
+    """Highest total first; ties broken uniformly at random (seeded when the request is)."""
+
+    name = "max"
+
+    def pick(self, totals: np.ndarray, count: int, seed: int | None) -> list[int]:
+        n = len(totals)
+        if n == 0:
+            return []
+        if n == 1:
+            return [0]
+        order = np.argsort(-totals, kind="stable").tolist()
+        count = min(count, n)
+        # Shuffle each run of equal totals that reaches into the answer, so that ties
+        # do not always favour the lowest index.
+        result: list[int] = []
+        start = 0
+        rng = None
+        while len(result) < count:
+            value = totals[order[start]]
+            end = start + 1
+            while end < n and totals[order[end]] == value:
+                end += 1
+            group = order[start:end]
+            if len(group) > 1:
+                rng = rng or _rng(seed)
+                rng.shuffle(group)
+            result.extend(group)
+            start = end
+        return result[:count]
+
+
+class WeightedRandomPicker:
+    """Draw without replacement with probability proportional to the total.
+
+    Spreads load more than ``max``; endpoints with total 0 come last, in random order.
+    """
+
+    name = "weighted-random"
+
+    def pick(self, totals: np.ndarray, count: int, seed: int | None) -> list[int]:
+        n = len(totals)
+        count = min(count, n)
+        rng = _rng(seed)
+        # Efraimidis–Spirakis: key = u^(1/w); top keys form a weighted sample.
+        keys = [
+            (rng.random() ** (1.0 / w) if w > 0 else -rng.random(), i)
+            for i, w in enumerate(totals.tolist())
+        ]
+        keys.sort(reverse=True)
+        return [i for _, i in keys[:count]]
+
+
+def make_picker(name: str) -> Picker:
+    if name == "max":
+        return MaxScorePicker()
+    if name == "weighted-random":
+        return WeightedRandomPicker()
+    raise ValueError(f"unknown picker {name!r}; expected 'max' or 'weighted-random'")

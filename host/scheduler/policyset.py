@@ -1,0 +1,116 @@
+"""The live set of policies: an immutable value, swapped atomically as a whole.
+
+A pick reads ``scheduler.policies`` once and uses that set to the end, so a hot swap
+never changes the rules in the middle of a decision: in-flight requests finish on the
+old set, the next one sees the new set. Changes build a new :class:`PolicySet`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from epick.scheduler.framework import FilterPlugin, PostResponsePlugin, PreRequestPlugin, ScorePlugin
+
+__all__ = ["PolicyEntry", "PolicySet", "DuplicatePolicyError", "UnknownPolicyError"]
+
+
+class DuplicatePolicyError(ValueError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a policy named {name!r} already exists")
+        self.name = name
+
+
+class UnknownPolicyError(KeyError):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"no policy named {self.name!r}"
+
+
+def _flag(plugin: object, attr: str, protocol: type) -> bool:
+    """Which extension points a plugin implements: its own flag, else its methods."""
+    value = getattr(plugin, attr, None)
+    return bool(value) if value is not None else isinstance(plugin, protocol)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyEntry:
+    name: str
+    plugin: object
+    weight: float = 1.0
+    shadow: bool = False
+
+    @property
+    def is_filter(self) -> bool:
+        return _flag(self.plugin, "is_filter", FilterPlugin)
+
+    @property
+    def is_scorer(self) -> bool:
+        return _flag(self.plugin, "is_scorer", ScorePlugin)
+
+    @property
+    def has_pre_request(self) -> bool:
+        return _flag(self.plugin, "has_pre_request", PreRequestPlugin)
+
+    @property
+    def has_post_response(self) -> bool:
+        return _flag(self.plugin, "has_post_response", PostResponsePlugin)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySet:
+    """Ordered policies plus the per-extension-point lists a pick iterates (precomputed)."""
+
+    entries: tuple[PolicyEntry, ...] = ()
+
+    # Precomputed views; filled in __post_init__.
+    filters: tuple[PolicyEntry, ...] = ()
+    scorers: tuple[PolicyEntry, ...] = ()
+    shadows: tuple[PolicyEntry, ...] = ()
+    pre_request: tuple[PolicyEntry, ...] = ()
+    post_response: tuple[PolicyEntry, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [e.name for e in self.entries]
+        for name in names:
+            if names.count(name) > 1:
+                raise DuplicatePolicyError(name)
+        live = [e for e in self.entries if not e.shadow]
+        set_ = object.__setattr__
+        set_(self, "filters", tuple(e for e in live if e.is_filter))
+        set_(self, "scorers", tuple(e for e in live if e.is_scorer))
+        set_(self, "shadows", tuple(e for e in self.entries if e.shadow and e.is_scorer))
+        # Shadow policies record decisions too, so their state tracks the live traffic.
+        set_(self, "pre_request", tuple(e for e in self.entries if e.has_pre_request))
+        set_(self, "post_response", tuple(e for e in self.entries if e.has_post_response))
+
+    @classmethod
+    def of(cls, *entries: PolicyEntry) -> "PolicySet":
+        return cls(entries=tuple(entries))
+
+    def get(self, name: str) -> PolicyEntry:
+        for e in self.entries:
+            if e.name == name:
+                return e
+        raise UnknownPolicyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        return any(e.name == name for e in self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def put(self, entry: PolicyEntry) -> "PolicySet":
+        """A set with ``entry`` added, or replacing the entry of the same name in place."""
+        if entry.name in self:
+            return PolicySet(tuple(entry if e.name == entry.name else e for e in self.entries))
+        return PolicySet(self.entries + (entry,))
+
+    def remove(self, name: str) -> "PolicySet":
+        self.get(name)
+        return PolicySet(tuple(e for e in self.entries if e.name != name))
+
+    def with_weight(self, name: str, weight: float) -> "PolicySet":
+        return self.put(replace(self.get(name), weight=weight))

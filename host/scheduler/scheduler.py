@@ -1,0 +1,370 @@
+"""The scheduler: runs one cycle per request through the extension points.
+
+    host filters (fresh, serves-model, admission)
+      -> filter policies            a failing one is skipped (fail open)
+      -> scorers: total = Σ weight × clamp(score, 0, 1); a failing one is skipped
+      -> picker: primary + fallbacks
+      -> pre_request hooks          (live and shadow policies record the pick)
+      -> shadow scorers             (compared with the pick; never change it)
+
+``complete()`` later runs the post_response hooks. Everything here runs on the thread
+that owns the scheduler (the service's event-loop thread): no locks, and a policy set
+swap is one attribute assignment.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import random
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from epick import abi
+from epick.abi import Criticality
+from epick.scheduler.filters import AdmissionFilter, FreshFilter, ServesModelFilter
+from epick.scheduler.framework import Cycle, PluginError, PoolSnapshot
+from epick.scheduler.picker import MaxScorePicker, Picker
+from epick.scheduler.policyset import PolicySet
+
+__all__ = [
+    "Scheduler",
+    "Decision",
+    "CandidateScore",
+    "SchedulingError",
+    "Shed",
+    "Unavailable",
+    "Recorder",
+]
+
+log = logging.getLogger("epick.scheduler")
+
+
+class SchedulingError(Exception):
+    """No endpoint was picked. ``outcome`` is the metric label."""
+
+    outcome = "error"
+
+
+class Shed(SchedulingError):
+    """A SHEDDABLE (or policy-filtered) request was refused to protect the pool."""
+
+    outcome = "shed"
+
+
+class Unavailable(SchedulingError):
+    """No fresh, ready endpoint can serve the request."""
+
+    outcome = "unavailable"
+
+
+class Recorder(Protocol):
+    """Where the scheduler reports what happened (Prometheus in the service)."""
+
+    def policy_error(self, error: PluginError) -> None: ...
+    def policy_latency(self, policy: str, seconds: float) -> None: ...
+    def shadow(self, policy: str, agree: bool, delta: float) -> None: ...
+
+
+class _NullRecorder:
+    def policy_error(self, error: PluginError) -> None:
+        pass
+
+    def policy_latency(self, policy: str, seconds: float) -> None:
+        pass
+
+    def shadow(self, policy: str, agree: bool, delta: float) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class CandidateScore:
+    """One endpoint's part in a decision (the ``explain`` view)."""
+
+    endpoint: str
+    total: float = 0.0
+    scores: dict[str, float] = field(default_factory=dict)
+    filtered_by: str = ""
+    rank: int = -1
+
+
+@dataclass(slots=True)
+class Decision:
+    decision_id: str
+    endpoint: str
+    fallbacks: list[str]
+    snapshot_version: int
+    explanation: list[CandidateScore] | None = None
+    skipped: list[str] = field(default_factory=list)
+    """``policy: reason`` for each policy that failed on this request."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    request_id: str
+    model: str
+    adapter: str
+    endpoint: str
+    expires: float
+
+
+class Scheduler:
+    """Picks endpoints for requests; owns the live :class:`PolicySet`.
+
+    Parameters
+    ----------
+    pool:
+        Returns the current :class:`PoolSnapshot` (an attribute read, not a rebuild).
+    policies:
+        The initial policy set; replace ``scheduler.policies`` to swap atomically.
+    fallbacks:
+        How many endpoints to return after the primary.
+    """
+
+    def __init__(
+        self,
+        pool: Callable[[], PoolSnapshot],
+        policies: PolicySet = PolicySet(),
+        *,
+        fallbacks: int = 2,
+        admission: AdmissionFilter = AdmissionFilter(),
+        picker: Picker | None = None,
+        recorder: Recorder | None = None,
+        decision_ttl_s: float = 600.0,
+        max_decisions: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._pool = pool
+        self.policies = policies
+        self.fallbacks = fallbacks
+        self.host_filters = (FreshFilter(), ServesModelFilter())
+        self.admission = admission
+        self.picker = picker or MaxScorePicker()
+        self.recorder = recorder or _NullRecorder()
+        self.decision_ttl_s = decision_ttl_s
+        self.max_decisions = max_decisions
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._pending: OrderedDict[str, _Pending] = OrderedDict()
+        self._by_request: dict[str, str] = {}
+        self._ids = itertools.count(1)
+        self._boot = os.urandom(4).hex()
+
+    # -- the cycle -----------------------------------------------------------------
+
+    def schedule(self, request: abi.Request, *, explain: bool = False) -> Decision:
+        """Pick an endpoint for ``request``; raise :class:`Shed` or :class:`Unavailable`.
+
+        ``request.seed`` drives every random choice (the API layer fills a random one
+        when the gateway sent none), so the same request on the same snapshot and
+        policy state gives the same answer.
+        """
+        pool = self._pool()
+        policies = self.policies  # one read: a concurrent swap cannot split this pick
+        cycle = Cycle(pool=pool, request=request)
+        endpoints = pool.snapshot.endpoints
+        candidates = tuple(range(len(endpoints)))
+        why: dict[int, str] | None = {} if explain else None
+
+        for f in self.host_filters:
+            candidates = self._run_filter(f.name, f.filter, cycle, candidates, why)
+        if not candidates:
+            raise Unavailable(self._unavailable_reason(pool, request))
+        candidates = self._run_filter(
+            self.admission.name, self.admission.filter, cycle, candidates, why
+        )
+        if not candidates:
+            raise Shed(
+                "SHEDDABLE request shed: every endpoint is over the admission thresholds "
+                f"(queue <= {self.admission.queue_threshold}, "
+                f"kv <= {self.admission.kv_threshold})"
+            )
+
+        skipped: list[str] = []
+        for entry in policies.filters:
+            try:
+                kept = entry.plugin.filter(cycle, candidates)
+            except PluginError as exc:
+                self._policy_failed(exc, skipped)
+                continue
+            if not kept:
+                if request.criticality == Criticality.CRITICAL:
+                    continue  # critical requests are never shed by a policy
+                raise Shed(f"policy {entry.name!r} filtered out every endpoint")
+            if why is not None:
+                kept_set = set(kept)
+                for i in candidates:
+                    if i not in kept_set:
+                        why[i] = entry.name
+            candidates = kept
+
+        totals = np.zeros(len(candidates))
+        per_policy: dict[str, np.ndarray] = {}
+        for entry in policies.scorers:
+            t0 = time.perf_counter()
+            try:
+                scores = entry.plugin.score(cycle, candidates)
+            except PluginError as exc:
+                self._policy_failed(exc, skipped)
+                continue
+            self.recorder.policy_latency(entry.name, time.perf_counter() - t0)
+            scores = np.clip(scores, 0.0, 1.0)
+            totals += entry.weight * scores
+            if explain:
+                per_policy[entry.name] = scores
+
+        order = self.picker.pick(totals, 1 + self.fallbacks, request.seed)
+        picked = [candidates[o] for o in order]
+        endpoint = endpoints[picked[0]].address
+
+        for entry in policies.pre_request:
+            try:
+                entry.plugin.pre_request(cycle, endpoint)
+            except PluginError as exc:
+                self._policy_failed(exc, skipped)
+
+        if policies.shadows:
+            self._run_shadows(policies, cycle, candidates, order[0])
+
+        decision = Decision(
+            decision_id=self._remember(request, endpoint),
+            endpoint=endpoint,
+            fallbacks=[endpoints[i].address for i in picked[1:]],
+            snapshot_version=pool.version,
+            skipped=skipped,
+        )
+        if explain:
+            decision.explanation = self._explain(
+                endpoints, candidates, totals, per_policy, order, why or {}
+            )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "decision %s request=%s model=%s adapter=%s -> %s fallbacks=%s snapshot=%d",
+                decision.decision_id, request.request_id, request.model, request.adapter,
+                endpoint, decision.fallbacks, pool.version,
+            )
+        return decision
+
+    def _run_filter(self, name, fn, cycle, candidates, why):
+        kept = fn(cycle, candidates)
+        if why is not None and len(kept) != len(candidates):
+            kept_set = set(kept)
+            for i in candidates:
+                if i not in kept_set:
+                    why[i] = name
+        return kept
+
+    def _policy_failed(self, exc: PluginError, skipped: list[str]) -> None:
+        skipped.append(f"{exc.plugin}: {exc.kind}: {exc.reason}")
+        self.recorder.policy_error(exc)
+        log.warning("%s", exc)
+
+    def _run_shadows(self, policies, cycle, candidates, live_pos) -> None:
+        for entry in policies.shadows:
+            try:
+                scores = np.clip(entry.plugin.score(cycle, candidates), 0.0, 1.0)
+            except PluginError as exc:
+                self.recorder.policy_error(exc)
+                continue
+            best = int(np.argmax(scores))
+            agree = bool(scores[live_pos] >= scores[best])
+            self.recorder.shadow(entry.name, agree, float(scores[best] - scores[live_pos]))
+
+    @staticmethod
+    def _unavailable_reason(pool: PoolSnapshot, request: abi.Request) -> str:
+        if not pool.snapshot.endpoints:
+            return "no endpoint has reported metrics yet"
+        if not any(i.fresh for i in pool.info):
+            return "no endpoint has fresh metrics (all stale)"
+        what = f"model {request.model!r}"
+        if request.adapter:
+            what += f" with adapter {request.adapter!r}"
+        return f"no fresh endpoint serves {what}"
+
+    @staticmethod
+    def _explain(endpoints, candidates, totals, per_policy, order, why) -> list[CandidateScore]:
+        pos_of = {c: p for p, c in enumerate(candidates)}
+        rank_of = {o: r for r, o in enumerate(order)}
+        out = []
+        for i, ep in enumerate(endpoints):
+            row = CandidateScore(endpoint=ep.address, filtered_by=why.get(i, ""))
+            p = pos_of.get(i)
+            if p is not None:
+                row.total = float(totals[p])
+                row.scores = {name: float(s[p]) for name, s in per_policy.items()}
+                row.rank = rank_of.get(p, -1)
+            out.append(row)
+        return out
+
+    # -- completions -----------------------------------------------------------------
+
+    def _remember(self, request: abi.Request, endpoint: str) -> str:
+        now = self._clock()
+        pending = self._pending
+        while pending:
+            oldest_id, oldest = next(iter(pending.items()))
+            if oldest.expires > now and len(pending) < self.max_decisions:
+                break
+            pending.popitem(last=False)
+            if oldest.request_id and self._by_request.get(oldest.request_id) == oldest_id:
+                del self._by_request[oldest.request_id]
+        decision_id = f"{self._boot}-{next(self._ids):x}"
+        pending[decision_id] = _Pending(
+            request.request_id, request.model, request.adapter, endpoint,
+            now + self.decision_ttl_s,
+        )
+        if request.request_id:
+            self._by_request[request.request_id] = decision_id
+        return decision_id
+
+    def complete(
+        self,
+        *,
+        decision_id: str = "",
+        request_id: str = "",
+        endpoint: str = "",
+        status: int = abi.CompletionStatus.OK,
+    ) -> bool:
+        """Run the post_response hooks for a finished request; False if the id is unknown.
+
+        Idempotent: a second report for the same decision is unknown and does nothing.
+        """
+        if not decision_id and request_id:
+            decision_id = self._by_request.get(request_id, "")
+        rec = self._pending.pop(decision_id, None) if decision_id else None
+        if rec is None:
+            return False
+        if rec.request_id and self._by_request.get(rec.request_id) == decision_id:
+            del self._by_request[rec.request_id]
+        event = abi.PostResponseEvent(
+            request_id=rec.request_id,
+            adapter=rec.adapter,
+            # The endpoint that picked up the request's history is the one we chose;
+            # a gateway that failed over reports the fallback it used.
+            endpoint=rec.endpoint,
+            status=int(status),
+            timestamp_ms=int(self._wall_clock() * 1000),
+            model=rec.model,
+        )
+        for entry in self.policies.post_response:
+            try:
+                entry.plugin.post_response(event)
+            except PluginError as exc:
+                self.recorder.policy_error(exc)
+                log.warning("%s", exc)
+        return True
+
+    @property
+    def pending_decisions(self) -> int:
+        return len(self._pending)
+
+
+def random_seed() -> int:
+    """A fresh u64 seed for a request that brought none."""
+    return random.getrandbits(64)
