@@ -4,8 +4,8 @@
       -> filter policies            a failing one is skipped (fail open)
       -> scorers: total = Σ weight × clamp(score, 0, 1); a failing one is skipped
       -> picker: primary + fallbacks
-      -> pre_request hooks          (live and shadow policies record the pick)
       -> shadow scorers             (compared with the pick; never change it)
+      -> pre_request hooks          (live and shadow policies record the pick)
 
 ``complete()`` later runs the post_response hooks. Everything here runs on the thread
 that owns the scheduler (the service's event-loop thread): no locks, and a policy set
@@ -223,14 +223,16 @@ class Scheduler:
         picked = [candidates[o] for o in order]
         endpoint = endpoints[picked[0]].address
 
+        # Shadows score before the hooks record this pick, so they judge the same state
+        # the live policies did.
+        if policies.shadows:
+            self._run_shadows(policies, cycle, candidates, order[0])
+
         for entry in policies.pre_request:
             try:
                 entry.plugin.pre_request(cycle, endpoint)
             except PluginError as exc:
                 self._policy_failed(exc, skipped)
-
-        if policies.shadows:
-            self._run_shadows(policies, cycle, candidates, order[0])
 
         decision = Decision(
             decision_id=self._remember(request, endpoint),

@@ -1,0 +1,120 @@
+"""The ``epick.v1.Admin`` gRPC service: load, remove, reweigh and list policies live.
+
+Served on its own port. Every call must carry ``authorization: Bearer TOKEN``; with no
+token configured every call is refused (an admin API open to anyone who can reach the
+port would let them run code in the picker).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+import grpc
+
+from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc
+from epick.policy_manager import PolicyManager, PolicyRejected
+from epick.scheduler.policyset import UnknownPolicyError
+
+__all__ = ["AdminService", "MAX_MODULE_BYTES"]
+
+#: Largest module LoadPolicy accepts (the gRPC message limit is raised to fit it).
+MAX_MODULE_BYTES = 32 << 20
+
+
+class AdminService(admin_pb2_grpc.AdminServicer):
+    def __init__(self, manager: PolicyManager, token: str) -> None:
+        self.manager = manager
+        self._token = token
+
+    async def _authorize(self, context) -> None:
+        if not self._token:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "admin API has no token configured; set [admin] token or EPICK_ADMIN_TOKEN",
+            )
+        header = dict(context.invocation_metadata()).get("authorization", "")
+        if not header:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing 'authorization: Bearer TOKEN' metadata",
+            )
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), self._token.encode()
+        ):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "wrong admin token")
+
+    def _info(self, name: str) -> admin_pb2.PolicyInfo:
+        entry, active = self.manager.get(name)
+        plugin = entry.plugin
+        stats = getattr(plugin, "stats", None)
+        breaker = getattr(plugin, "breaker_state", "closed")
+        return admin_pb2.PolicyInfo(
+            name=name,
+            version=active.version,
+            sha256=active.module.sha256,
+            weight=entry.weight,
+            shadow=entry.shadow,
+            calls=getattr(stats, "calls", 0),
+            errors=getattr(stats, "errors", 0),
+            p50_us=getattr(stats, "p50_us", 0.0),
+            p99_us=getattr(stats, "p99_us", 0.0),
+            kind=active.kind,
+            breaker=breaker() if callable(breaker) else str(breaker),
+            shadow_agreement=(active.shadow_agree / active.shadow_calls
+                              if active.shadow_calls else 0.0),
+        )
+
+    async def LoadPolicy(self, request, context):
+        await self._authorize(context)
+        if not request.name:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "LoadPolicy.name is required")
+        if not request.wasm:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "LoadPolicy.wasm is empty")
+        try:
+            params = json.loads(request.params_json) if request.params_json else {}
+        except json.JSONDecodeError as exc:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"LoadPolicy.params_json is not JSON: {exc.msg} at line {exc.lineno} "
+                f"column {exc.colno}",
+            )
+        if not isinstance(params, dict):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"LoadPolicy.params_json must be a JSON object, got {type(params).__name__}",
+            )
+        weight = request.weight if request.HasField("weight") else None
+        try:
+            self.manager.activate(
+                request.name, request.wasm, params, weight=weight,
+                shadow=request.shadow, source="admin",
+            )
+        except PolicyRejected as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return self._info(request.name)
+
+    async def RemovePolicy(self, request, context):
+        await self._authorize(context)
+        try:
+            self.manager.remove(request.name)
+        except UnknownPolicyError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        return admin_pb2.RemovePolicyResponse()
+
+    async def SetWeight(self, request, context):
+        await self._authorize(context)
+        try:
+            self.manager.set_weight(request.name, request.weight)
+        except UnknownPolicyError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except PolicyRejected as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return self._info(request.name)
+
+    async def ListPolicies(self, request, context):
+        await self._authorize(context)
+        return admin_pb2.ListPoliciesResponse(
+            policies=[self._info(name) for name in self.manager.names()]
+        )

@@ -1,0 +1,127 @@
+"""The ``epick`` command line: one entry point, one sub-command per job.
+
+    epick serve --config FILE [--listen HOST:PORT]     run the Pick service
+    epick check-config FILE                            validate a config, exit 0 or say why
+    epick conformance MODULE.wasm [...]                check a policy against the score tables
+    epick bench pick [--grpc] [...]                    decision latency / throughput
+    epick bench quality [--quick] [...]                routing quality on a simulated fleet
+    epick demo [--duration S]                          a simulated fleet, epick, a gateway, load
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import msgspec
+
+__all__ = ["main"]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import signal
+    from pathlib import Path
+
+    import anyio
+
+    from epick.config import ConfigError, load
+    from epick.service import Service
+
+    try:
+        config = load(args.config)
+    except ConfigError as exc:
+        print(f"epick: {exc}", file=sys.stderr)
+        return 2
+    if args.listen:
+        config = msgspec.structs.replace(
+            config, server=msgspec.structs.replace(config.server, listen=args.listen))
+
+    async def main() -> None:
+        try:
+            service = Service(config, config_path=Path(args.config).resolve())
+        except ConfigError as exc:
+            print(f"epick: {exc}", file=sys.stderr)
+            raise SystemExit(2)
+        async with anyio.create_task_group() as tg:
+            await tg.start(service.run)
+            print(f"epick: serving Pick on {config.server.listen.rsplit(':', 1)[0]}:"
+                  f"{service.port}", flush=True)
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    break
+
+    anyio.run(main, backend="asyncio")
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from epick.config import ConfigError, load, resolve_module
+
+    try:
+        config = load(args.file)
+    except ConfigError as exc:
+        print(f"{exc}", file=sys.stderr)
+        return 1
+    from pathlib import Path
+
+    base = Path(args.file).resolve().parent
+    for i, pc in enumerate(config.policies):
+        path = resolve_module(pc.module, base=base)
+        if not path.is_file():
+            print(f"{args.file}: policy {pc.name!r} module {pc.module!r}: no such file {path} "
+                  f"- at `$.policies[{i}].module`", file=sys.stderr)
+            return 1
+    print(f"{args.file}: ok (version {config.version}, {len(config.pool.endpoints)} endpoints, "
+          f"{len(config.policies)} policies)")
+    return 0
+
+
+def _conformance(argv: list[str]) -> int:
+    from epick.conformance.cli import main as conformance_main
+
+    return conformance_main(argv)
+
+
+def _bench(argv: list[str]) -> int:
+    from epick.bench.cli import main as bench_main
+
+    return bench_main(argv)
+
+
+def _demo(argv: list[str]) -> int:
+    from epick.demo import main as demo_main
+
+    return demo_main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Sub-commands with their own parsers get their arguments untouched.
+    passthrough = {"conformance": _conformance, "bench": _bench, "demo": _demo}
+    if argv and argv[0] in passthrough:
+        return passthrough[argv[0]](argv[1:])
+
+    parser = argparse.ArgumentParser(prog="epick", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the Pick service")
+    serve.add_argument("--config", required=True, help="the TOML config file")
+    serve.add_argument("--listen", help="HOST:PORT for the Pick API (overrides [server] listen)")
+    check = sub.add_parser("check-config", help="validate a config file")
+    check.add_argument("file")
+    for name in passthrough:
+        sub.add_parser(name, help=f"see `epick {name} --help`")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        return _serve(args)
+    return _check_config(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

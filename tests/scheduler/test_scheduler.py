@@ -1,0 +1,244 @@
+"""The scheduler runner with plain-Python plugins: filters, weights, picker, hooks, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from epick import abi
+from epick.abi import Criticality
+from epick.bench.pypolicies import PyLoad, PyLoraAffinity, PyPrefixCache
+from epick.scheduler.filters import AdmissionFilter
+from epick.scheduler.framework import EndpointInfo, PluginError, PoolSnapshot
+from epick.scheduler.picker import MaxScorePicker, WeightedRandomPicker
+from epick.scheduler.policyset import DuplicatePolicyError, PolicyEntry, PolicySet
+from epick.scheduler.scheduler import Scheduler, Shed, Unavailable
+
+
+def pool(*endpoints: abi.EndpointMetrics, info=None, version: int = 1) -> PoolSnapshot:
+    return PoolSnapshot.build(abi.Snapshot(version=version, timestamp_ms=1000,
+                                           endpoints=tuple(endpoints)), info)
+
+
+def ep(i: int, **kw) -> abi.EndpointMetrics:
+    return abi.EndpointMetrics(address=f"10.0.0.{i}:8000", **kw)
+
+
+def req(**kw) -> abi.Request:
+    kw.setdefault("model", "m")
+    kw.setdefault("seed", 7)
+    return abi.Request(**kw)
+
+
+def sched(p: PoolSnapshot, *entries: PolicyEntry, **kw) -> Scheduler:
+    return Scheduler(lambda: p, PolicySet.of(*entries), **kw)
+
+
+class Boom:
+    """A scorer that always fails, like a trapping WASM module."""
+
+    name = "boom"
+    is_filter = False
+    is_scorer = True
+    has_pre_request = False
+    has_post_response = False
+
+    def score(self, cycle, candidates):
+        raise PluginError("boom", "score", "trap", "unreachable executed")
+
+
+class Recorder:
+    def __init__(self):
+        self.errors, self.shadows = [], []
+
+    def policy_error(self, error):
+        self.errors.append((error.plugin, error.kind))
+
+    def policy_latency(self, policy, seconds):
+        pass
+
+    def shadow(self, policy, agree, delta):
+        self.shadows.append((policy, agree, delta))
+
+
+def test_queue_10_5_0_picks_the_idle_endpoint_and_orders_fallbacks():
+    p = pool(ep(1, waiting=10), ep(2, waiting=5), ep(3, waiting=0))
+    d = sched(p, PolicyEntry("load", PyLoad())).schedule(req())
+    assert d.endpoint == "10.0.0.3:8000"
+    assert d.fallbacks == ["10.0.0.2:8000", "10.0.0.1:8000"]
+
+
+def test_adapter_running_on_one_endpoint_wins_with_lora_affinity():
+    p = pool(ep(1, max_lora=1, running_adapters=("x",)),
+             ep(2, max_lora=1, running_adapters=("sql",)),
+             ep(3, max_lora=1, running_adapters=("y",)))
+    s = sched(p, PolicyEntry("lora", PyLoraAffinity()), PolicyEntry("load", PyLoad()))
+    assert s.schedule(req(adapter="sql")).endpoint == "10.0.0.2:8000"
+
+
+def test_stale_endpoints_are_not_candidates():
+    p = pool(ep(1), ep(2), info=[EndpointInfo(fresh=False), EndpointInfo(fresh=True)])
+    d = sched(p, PolicyEntry("load", PyLoad())).schedule(req())
+    assert d.endpoint == "10.0.0.2:8000" and d.fallbacks == []
+
+
+def test_no_fresh_endpoint_is_unavailable_and_says_why():
+    p = pool(ep(1), info=[EndpointInfo(fresh=False)])
+    with pytest.raises(Unavailable, match=r"no endpoint has fresh metrics \(all stale\)"):
+        sched(p).schedule(req())
+
+
+def test_model_not_served_anywhere_is_unavailable():
+    p = pool(ep(1), info=[EndpointInfo(models=frozenset({"other"}))])
+    with pytest.raises(Unavailable, match="no fresh endpoint serves model 'm'"):
+        sched(p).schedule(req())
+
+
+def test_pinned_adapters_restrict_candidates():
+    p = pool(ep(1), ep(2), info=[EndpointInfo(adapters=frozenset({"a"})), EndpointInfo()])
+    d = sched(p).schedule(req(adapter="b"))
+    assert d.endpoint == "10.0.0.2:8000" and d.fallbacks == []
+
+
+def test_sheddable_request_is_shed_when_every_endpoint_is_over_thresholds():
+    p = pool(ep(1, waiting=6), ep(2, kv_usage=0.81))
+    with pytest.raises(Shed, match=r"queue <= 5, kv <= 0.8"):
+        sched(p, admission=AdmissionFilter(5, 0.8)).schedule(
+            req(criticality=Criticality.SHEDDABLE))
+
+
+def test_sheddable_request_goes_to_an_endpoint_under_the_thresholds():
+    p = pool(ep(1, waiting=6), ep(2, waiting=5, kv_usage=0.8))
+    d = sched(p).schedule(req(criticality=Criticality.SHEDDABLE))
+    assert d.endpoint == "10.0.0.2:8000"
+
+
+def test_standard_request_is_never_shed_by_admission():
+    p = pool(ep(1, waiting=600, kv_usage=1.0))
+    assert sched(p).schedule(req()).endpoint == "10.0.0.1:8000"
+
+
+def test_failing_scorer_is_skipped_counted_and_the_pick_still_succeeds():
+    rec = Recorder()
+    p = pool(ep(1, waiting=3), ep(2, waiting=0))
+    s = sched(p, PolicyEntry("boom", Boom()), PolicyEntry("load", PyLoad()), recorder=rec)
+    d = s.schedule(req())
+    assert d.endpoint == "10.0.0.2:8000"
+    assert rec.errors == [("boom", "trap")]
+    assert d.skipped == ["boom: trap: unreachable executed"]
+
+
+def test_weights_combine_scores():
+    # lora prefers endpoint 1 (adapter running); load prefers endpoint 2 (empty queue).
+    p = pool(ep(1, waiting=10, max_lora=1, running_adapters=("a",)),
+             ep(2, waiting=0, max_lora=1, running_adapters=("b",)))
+    lora = lambda w: PolicyEntry("lora", PyLoraAffinity(), weight=w)  # noqa: E731
+    load = PolicyEntry("load", PyLoad(), weight=1.0)
+    assert sched(p, lora(3.0), load).schedule(req(adapter="a")).endpoint == "10.0.0.1:8000"
+    assert sched(p, lora(0.1), load).schedule(req(adapter="a")).endpoint == "10.0.0.2:8000"
+
+
+def test_ties_are_broken_by_the_seed_reproducibly_and_uniformly():
+    p = pool(*(ep(i) for i in range(4)))
+    s = sched(p, PolicyEntry("load", PyLoad()))
+    first = [s.schedule(req(seed=k)).endpoint for k in range(200)]
+    again = [s.schedule(req(seed=k)).endpoint for k in range(200)]
+    assert first == again
+    counts = {a: first.count(a) for a in set(first)}
+    assert len(counts) == 4 and min(counts.values()) > 25
+
+
+def test_prefix_history_steers_the_same_prompt_back_to_the_same_endpoint():
+    p = pool(*(ep(i) for i in range(4)))
+    s = sched(p, PolicyEntry("prefix", PyPrefixCache()), PolicyEntry("load", PyLoad()))
+    prompt = "You are a helpful assistant. " * 20
+    first = s.schedule(req(prompt=prompt, seed=1)).endpoint
+    assert all(s.schedule(req(prompt=prompt, seed=k)).endpoint == first for k in range(2, 30))
+
+
+def test_completion_runs_post_response_once_and_unknown_ids_are_acknowledged():
+    lora = PyLoraAffinity()
+    p = pool(ep(1, max_lora=2))
+    s = sched(p, PolicyEntry("lora", lora))
+    d = s.schedule(req(adapter="a", request_id="r1"))
+    assert lora.history == {("a", "10.0.0.1:8000"): 1}
+    assert s.complete(decision_id=d.decision_id) is True
+    assert lora.history == {("a", "10.0.0.1:8000"): 0}
+    assert s.complete(decision_id=d.decision_id) is False
+    assert s.complete(decision_id="nope") is False
+    assert s.pending_decisions == 0
+
+
+def test_completion_by_request_id():
+    p = pool(ep(1))
+    s = sched(p)
+    s.schedule(req(request_id="abc"))
+    assert s.complete(request_id="abc") is True
+    assert s.complete(request_id="abc") is False
+
+
+def test_forgotten_decisions_do_not_leak():
+    now = [0.0]
+    p = pool(ep(1))
+    s = sched(p, decision_ttl_s=10, max_decisions=5, clock=lambda: now[0])
+    for k in range(20):
+        s.schedule(req(request_id=f"r{k}"))
+    assert s.pending_decisions <= 5
+    now[0] = 100.0
+    s.schedule(req(request_id="late"))
+    assert s.pending_decisions == 1
+    assert s.complete(request_id="r0") is False
+
+
+def test_explain_lists_every_endpoint_with_scores_filter_and_rank():
+    p = pool(ep(1, waiting=10), ep(2, waiting=0), ep(3),
+             info=[EndpointInfo(), EndpointInfo(), EndpointInfo(fresh=False)])
+    d = sched(p, PolicyEntry("load", PyLoad(), weight=2.0)).schedule(req(), explain=True)
+    rows = {c.endpoint: c for c in d.explanation}
+    assert rows["10.0.0.3:8000"].filtered_by == "fresh" and rows["10.0.0.3:8000"].rank == -1
+    assert rows["10.0.0.2:8000"].rank == 0 and rows["10.0.0.1:8000"].rank == 1
+    assert rows["10.0.0.2:8000"].scores == {"load": 1.0}
+    assert rows["10.0.0.2:8000"].total == pytest.approx(2.0)
+    assert rows["10.0.0.1:8000"].scores["load"] == pytest.approx(0.5)  # (queue 0 + kv 1) / 2
+
+
+def test_shadow_policy_scores_without_changing_the_pick():
+    rec = Recorder()
+    p = pool(ep(1, waiting=0, max_lora=1, running_adapters=("b",)),
+             ep(2, waiting=9, max_lora=1, running_adapters=("a",)))
+    s = sched(p, PolicyEntry("load", PyLoad()),
+              PolicyEntry("lora", PyLoraAffinity(), shadow=True), recorder=rec)
+    d = s.schedule(req(adapter="a"))
+    assert d.endpoint == "10.0.0.1:8000"
+    assert rec.shadows == [("lora", False, 1.0)]
+
+
+def test_policy_set_refuses_duplicate_names():
+    with pytest.raises(DuplicatePolicyError, match="a policy named 'load' already exists"):
+        PolicySet.of(PolicyEntry("load", PyLoad()), PolicyEntry("load", PyLoad()))
+
+
+def test_swapping_the_policy_set_changes_behaviour_for_the_next_pick():
+    p = pool(ep(1, waiting=0, max_lora=1, running_adapters=("b",)),
+             ep(2, waiting=9, max_lora=1, running_adapters=("a",)))
+    s = sched(p, PolicyEntry("load", PyLoad()))
+    assert s.schedule(req(adapter="a")).endpoint == "10.0.0.1:8000"
+    s.policies = s.policies.put(PolicyEntry("lora", PyLoraAffinity(), weight=5))
+    assert s.schedule(req(adapter="a")).endpoint == "10.0.0.2:8000"
+
+
+@pytest.mark.parametrize("picker", [MaxScorePicker(), WeightedRandomPicker()],
+                         ids=["max", "weighted-random"])
+def test_pickers_return_distinct_positions_best_first(picker):
+    totals = np.array([0.1, 0.9, 0.5, 0.0])
+    order = picker.pick(totals, 4, 3)
+    assert sorted(order) == [0, 1, 2, 3]
+    assert order[-1] == 3  # total 0 is last for both
+    if isinstance(picker, MaxScorePicker):
+        assert order == [1, 2, 0, 3]
+
+
+def test_weighted_random_follows_the_totals():
+    totals = np.array([3.0, 1.0])
+    firsts = [WeightedRandomPicker().pick(totals, 1, s)[0] for s in range(2000)]
+    assert 0.68 < firsts.count(0) / 2000 < 0.82
