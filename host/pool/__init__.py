@@ -1,1 +1,29 @@
+"""Endpoint discovery, metric scraping and pool snapshots.
 
+    from epick.pool import EndpointSpec, Pool
+
+    pool = Pool([EndpointSpec(address="10.0.0.7:8000")])
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)      # returns after the first scrape round
+        pool.snapshot                 # epick.scheduler.framework.PoolSnapshot
+
+Modules: ``spec`` (EndpointSpec), ``parse`` (a /metrics page -> EndpointMetrics),
+``pool`` (the scrape loops and the published snapshot), ``errors`` (ScrapeError).
+"""
+
+from epick.pool.errors import SCRAPE_ERROR_KINDS, ScrapeError
+from epick.pool.parse import ENGINE_METRICS, parse_metrics
+from epick.pool.pool import MAX_BACKOFF_MS, EndpointStatus, Pool
+from epick.pool.spec import ENGINES, EndpointSpec
+
+__all__ = [
+    "EndpointSpec",
+    "ENGINES",
+    "Pool",
+    "EndpointStatus",
+    "MAX_BACKOFF_MS",
+    "parse_metrics",
+    "ENGINE_METRICS",
+    "ScrapeError",
+    "SCRAPE_ERROR_KINDS",
+]

@@ -1,0 +1,406 @@
+"""The pool: scrape every endpoint's metrics and publish one consistent snapshot.
+
+Concurrency (structured; trio/anyio style): :meth:`Pool.run` owns one task group holding
+one scrape loop per endpoint and, in its own body, the *round ticker*. Every
+``scrape_interval_ms`` the ticker wakes each endpoint that is neither mid-fetch nor
+backing off, waits until they have all answered (or the interval is over — a hung
+endpoint never holds up the others), then publishes: it rebuilds the snapshot once if
+anything changed. So a rebuild is coalesced per round and never happens per request,
+and a staleness flip is noticed on the next tick even when no scrape succeeds.
+
+Clocks: ``clock`` (monotonic seconds) dates good scrapes and decides freshness, so tests
+fake it; ``wall_clock`` stamps ``Snapshot.timestamp_ms``. Scheduling (interval, timeout,
+back-off) runs on the event loop's own clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import anyio
+import httpx
+import msgspec
+from anyio.abc import TaskStatus
+
+from epick import abi, telemetry
+from epick.pool.errors import ScrapeError
+from epick.pool.parse import parse_metrics
+from epick.pool.spec import EndpointSpec
+from epick.scheduler.framework import EndpointInfo, PoolSnapshot
+
+__all__ = ["Pool", "EndpointStatus", "MAX_BACKOFF_MS"]
+
+log = logging.getLogger("epick.pool")
+
+#: Upper bound of the retry back-off after consecutive failed scrapes. The back-off
+#: doubles from ``scrape_interval_ms``; capped at 1 s so a recovered endpoint is back
+#: within about a second, and a dead one costs one connection attempt (and one log
+#: line) a second.
+MAX_BACKOFF_MS = 1000.0
+
+
+class EndpointStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """How scraping one endpoint goes (admin/debug view, not the hot path)."""
+
+    address: str
+    url: str
+    engine: str
+    fresh: bool
+    """Its last good scrape is at most ``stale_after_ms`` old."""
+    last_success_age_ms: float | None
+    """Age of the last good scrape; ``None`` = never scraped successfully."""
+    last_error: str | None
+    """The most recent failure (kept after a recovery), ``None`` if it never failed."""
+    failures: int
+    """Consecutive failed scrapes since the last good one."""
+
+
+@dataclass(eq=False, slots=True)
+class _Endpoint:
+    """Mutable per-endpoint state; touched only from the event loop thread."""
+
+    spec: EndpointSpec
+    info_fresh: EndpointInfo
+    info_stale: EndpointInfo
+    metrics: abi.EndpointMetrics | None = None
+    last_success: float | None = None  # Pool.clock() of the last good scrape
+    last_error: str | None = None
+    failures: int = 0
+    busy: bool = False  # woken for a scrape that has not finished yet
+    not_before: float = -math.inf  # event-loop time before which it is not scraped
+    wake: anyio.Event | None = None
+    scope: anyio.CancelScope | None = None
+
+    @classmethod
+    def of(cls, spec: EndpointSpec) -> "_Endpoint":
+        ep = cls(spec=spec, info_fresh=EndpointInfo(), info_stale=EndpointInfo())
+        ep.set_spec(spec)
+        return ep
+
+    def set_spec(self, spec: EndpointSpec) -> None:
+        self.spec = spec
+        facts = dict(
+            models=frozenset(spec.models) if spec.models is not None else None,
+            adapters=frozenset(spec.adapters) if spec.adapters is not None else None,
+            labels=tuple(sorted(spec.labels.items())),
+        )
+        self.info_fresh = EndpointInfo(fresh=True, **facts)
+        self.info_stale = EndpointInfo(fresh=False, **facts)
+
+
+class Pool:
+    """Endpoint discovery, metric scraping and the published :class:`PoolSnapshot`.
+
+    Parameters
+    ----------
+    specs:
+        The endpoints; their order is the snapshot's order. Addresses must be unique.
+    scrape_interval_ms:
+        One scrape round per interval (upstream default 50 ms).
+    stale_after_ms:
+        An endpoint whose last good scrape is older than this is published with
+        ``EndpointInfo.fresh=False`` (its last good metrics stay in the snapshot).
+    timeout_ms:
+        Bound on one fetch, connect to last byte.
+    clock, wall_clock:
+        Monotonic seconds (scrape ages, freshness) and Unix seconds (snapshot timestamp).
+
+    Threading: every method must be called from the event loop thread that runs
+    :meth:`run` (from other threads, go through ``anyio.from_thread.run_sync``).
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[EndpointSpec],
+        *,
+        scrape_interval_ms: float = 50,
+        stale_after_ms: float = 2000,
+        timeout_ms: float = 5000,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        for name, value in (
+            ("scrape_interval_ms", scrape_interval_ms),
+            ("stale_after_ms", stale_after_ms),
+            ("timeout_ms", timeout_ms),
+        ):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"Pool {name} must be a number > 0, got {value!r}")
+        self._interval_s = scrape_interval_ms / 1000
+        self._stale_after_s = stale_after_ms / 1000
+        self._timeout_s = timeout_ms / 1000
+        self._timeout_ms = timeout_ms
+        self._clock = clock
+        self._wall_clock = wall_clock
+
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._snapshot = PoolSnapshot.build(abi.Snapshot(version=0, timestamp_ms=0))
+        self._published: tuple[tuple[abi.EndpointMetrics, EndpointInfo], ...] = ()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._pending: set[_Endpoint] = set()
+        self._round_done: anyio.Event | None = None
+        self.set_endpoints(specs)
+
+    # --- the view -------------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> PoolSnapshot:
+        """The current view: one immutable object, replaced (never mutated) on change.
+
+        Version 0 is the empty pool before any good scrape. Endpoints that never had a
+        good scrape are absent; stale ones are present with ``fresh=False``.
+        """
+        return self._snapshot
+
+    def ready(self) -> bool:
+        """At least one endpoint's last good scrape is fresh (by ``clock`` now)."""
+        now = self._clock()
+        return any(self._is_fresh(ep, now) for ep in self._endpoints.values())
+
+    def status(self) -> list[EndpointStatus]:
+        """Per endpoint, in spec order: freshness, last success age, last error, failures."""
+        now = self._clock()
+        return [
+            EndpointStatus(
+                address=ep.spec.address,
+                url=ep.spec.url,
+                engine=ep.spec.engine,
+                fresh=self._is_fresh(ep, now),
+                last_success_age_ms=(
+                    None if ep.last_success is None else (now - ep.last_success) * 1000
+                ),
+                last_error=ep.last_error,
+                failures=ep.failures,
+            )
+            for ep in self._endpoints.values()
+        ]
+
+    # --- membership -----------------------------------------------------------------
+
+    def set_endpoints(self, specs: Sequence[EndpointSpec]) -> None:
+        """Replace the endpoint set without a restart.
+
+        An endpoint whose spec is unchanged keeps all its state (metrics, ages, back-off).
+        One whose ``models``/``adapters``/``labels`` changed keeps its metrics too; one
+        whose metrics URL or engine changed starts over. Removed endpoints stop being
+        scraped at once, and the snapshot is republished right away, so a removed
+        endpoint is never picked after this returns.
+
+        Raises ``ValueError`` naming a duplicate address; the pool is then unchanged.
+        """
+        specs = list(specs)
+        seen: dict[str, int] = {}
+        for i, spec in enumerate(specs):
+            if spec.address in seen:
+                raise ValueError(
+                    f"duplicate endpoint address {spec.address!r} "
+                    f"(endpoints[{seen[spec.address]}] and endpoints[{i}])"
+                )
+            seen[spec.address] = i
+
+        updated: dict[str, _Endpoint] = {}
+        for spec in specs:
+            old = self._endpoints.get(spec.address)
+            if old is not None and (old.spec.url, old.spec.engine) == (spec.url, spec.engine):
+                if old.spec != spec:
+                    old.set_spec(spec)
+                updated[spec.address] = old
+                continue
+            if old is not None:
+                self._stop(old)
+            ep = _Endpoint.of(spec)
+            updated[spec.address] = ep
+            if self._tg is not None:
+                self._start(ep)
+        for address, old in self._endpoints.items():
+            if address not in updated:
+                self._stop(old)
+                telemetry.forget_endpoint(address)
+        self._endpoints = updated
+        self._publish()
+
+    # --- running --------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Scrape until cancelled; never returns otherwise.
+
+        Calls ``task_status.started()`` once the first round has finished — every
+        endpoint answered, failed or timed out — and its snapshot is published; start it
+        with ``await tg.start(pool.run)`` to be ready only after that.
+
+        Error handling: a failed scrape (:class:`ScrapeError`: network, timeout, HTTP
+        status, bad page) is counted in ``epick_scrape_errors_total``, logged on logger
+        ``epick.pool`` with the endpoint and the back-off, and retried after the back-off
+        (doubling from the interval up to :data:`MAX_BACKOFF_MS`). Nothing a model
+        server does ends ``run``.
+
+        Resources: one ``httpx.AsyncClient`` (keep-alive, environment proxies ignored)
+        shared by all loops, closed on exit.
+        """
+        if self._tg is not None:
+            raise RuntimeError("Pool.run is already running")
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with (
+            httpx.AsyncClient(timeout=self._timeout_s, limits=limits, trust_env=False) as client,
+            anyio.create_task_group() as tg,
+        ):
+            self._client, self._tg = client, tg
+            try:
+                for ep in self._endpoints.values():
+                    self._start(ep)
+                await self._round(deadline=None)
+                task_status.started()
+                while True:
+                    deadline = anyio.current_time() + self._interval_s
+                    await self._round(deadline=deadline)
+                    await anyio.sleep_until(deadline)
+            finally:
+                tg.cancel_scope.cancel()
+                self._client, self._tg = None, None
+                for ep in self._endpoints.values():
+                    ep.busy, ep.scope, ep.wake = False, None, None
+
+    async def _round(self, *, deadline: float | None) -> None:
+        """Wake every due endpoint, wait for them (at most until ``deadline``), publish."""
+        now = anyio.current_time()
+        due = [ep for ep in self._endpoints.values() if not ep.busy and ep.not_before <= now]
+        self._pending = set(due)
+        self._round_done = done = anyio.Event()
+        for ep in due:
+            ep.busy = True
+            assert ep.wake is not None  # started in _start
+            ep.wake.set()
+        if not due:
+            done.set()
+        if deadline is None:
+            await done.wait()
+        else:
+            with anyio.move_on_after(deadline - now):
+                await done.wait()
+        self._publish()
+
+    def _start(self, ep: _Endpoint) -> None:
+        assert self._tg is not None
+        ep.scope = anyio.CancelScope()
+        ep.wake = anyio.Event()
+        self._tg.start_soon(self._loop, ep, name=f"epick.pool scrape {ep.spec.address}")
+
+    def _stop(self, ep: _Endpoint) -> None:
+        if ep.scope is not None:
+            ep.scope.cancel()
+        self._finished(ep)
+
+    def _finished(self, ep: _Endpoint) -> None:
+        ep.busy = False
+        self._pending.discard(ep)
+        if not self._pending and self._round_done is not None:
+            self._round_done.set()
+
+    async def _loop(self, ep: _Endpoint) -> None:
+        assert ep.scope is not None
+        with ep.scope:
+            while True:
+                assert ep.wake is not None
+                await ep.wake.wait()
+                ep.wake = anyio.Event()
+                try:
+                    await self._scrape(ep)
+                finally:
+                    self._finished(ep)
+
+    async def _scrape(self, ep: _Endpoint) -> None:
+        """Fetch and parse once; record the result on ``ep``. Never raises ScrapeError."""
+        assert self._client is not None
+        url = ep.spec.url
+        try:
+            try:
+                with anyio.fail_after(self._timeout_s):
+                    response = await self._client.get(url)
+            except (TimeoutError, httpx.TimeoutException) as exc:
+                raise ScrapeError(
+                    url, f"no answer within {self._timeout_ms:g} ms", kind="timeout"
+                ) from exc
+            except httpx.HTTPError as exc:
+                detail = str(exc) or type(exc).__name__
+                raise ScrapeError(url, detail, kind="network") from exc
+            if response.status_code != 200:
+                raise ScrapeError(
+                    url,
+                    f"HTTP {response.status_code} {response.reason_phrase}".rstrip(),
+                    kind="http-status",
+                )
+            metrics = parse_metrics(
+                response.text,
+                engine=ep.spec.engine,
+                url=url,
+                previous=ep.metrics,
+                address=ep.spec.address,
+            )
+        except ScrapeError as err:
+            self._failed(ep, err)
+            return
+        if ep.failures:
+            log.info("scrape of %s recovered after %d failures", ep.spec.address, ep.failures)
+        # Keep the old object when nothing changed: publishing then compares by identity.
+        if metrics != ep.metrics:
+            ep.metrics = metrics
+        ep.last_success = self._clock()
+        ep.failures = 0
+        ep.not_before = -math.inf
+
+    def _failed(self, ep: _Endpoint, err: ScrapeError) -> None:
+        ep.failures += 1
+        ep.last_error = str(err)
+        backoff_ms = min(
+            self._interval_s * 1000 * 2 ** min(ep.failures - 1, 30),
+            max(MAX_BACKOFF_MS, self._interval_s * 1000),
+        )
+        ep.not_before = anyio.current_time() + backoff_ms / 1000
+        telemetry.SCRAPE_ERRORS.labels(ep.spec.address, err.kind).inc()
+        log.log(
+            logging.WARNING if ep.failures == 1 else logging.INFO,
+            "scrape of %s failed (%d in a row): %s; retrying in %.0f ms",
+            ep.spec.address,
+            ep.failures,
+            err,
+            backoff_ms,
+        )
+
+    # --- publishing -----------------------------------------------------------------
+
+    def _is_fresh(self, ep: _Endpoint, now: float) -> bool:
+        return ep.last_success is not None and now - ep.last_success <= self._stale_after_s
+
+    def _publish(self) -> bool:
+        """Rebuild the snapshot if metrics, freshness or the endpoint set changed.
+
+        Returns whether it rebuilt. Called once per round and after ``set_endpoints``.
+        """
+        now = self._clock()
+        view = []
+        for ep in self._endpoints.values():
+            if ep.metrics is None or ep.last_success is None:
+                continue
+            age = now - ep.last_success
+            fresh = age <= self._stale_after_s
+            telemetry.ENDPOINT_FRESH.labels(ep.spec.address).set(1 if fresh else 0)
+            telemetry.ENDPOINT_SCRAPE_AGE.labels(ep.spec.address).set(max(age, 0.0))
+            view.append((ep.metrics, ep.info_fresh if fresh else ep.info_stale))
+        published = tuple(view)
+        if published == self._published:
+            return False
+        snapshot = abi.Snapshot(
+            version=self._snapshot.version + 1,
+            timestamp_ms=int(self._wall_clock() * 1000),
+            endpoints=tuple(metrics for metrics, _ in published),
+        )
+        self._snapshot = PoolSnapshot.build(snapshot, [info for _, info in published])
+        self._published = published
+        telemetry.SNAPSHOT_REBUILDS.inc()
+        telemetry.SNAPSHOT_ENDPOINTS.set(len(published))
+        return True

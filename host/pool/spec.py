@@ -1,0 +1,78 @@
+"""What the configuration says about one model-server replica."""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlsplit
+
+import msgspec
+
+__all__ = ["EndpointSpec", "Engine", "ENGINES"]
+
+Engine = Literal["vllm", "sglang", "trtllm"]
+ENGINES: tuple[str, ...] = ("vllm", "sglang", "trtllm")
+
+
+class EndpointSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One replica: where it serves, where its metrics are, and what it may serve.
+
+    ``address`` is the endpoint's identity everywhere (snapshot, policies, telemetry):
+    two specs with the same address are the same endpoint.
+    """
+
+    address: str
+    """``host:port`` the gateway routes to, e.g. ``10.0.0.7:8000`` or ``[::1]:8000``."""
+    metrics_url: str | None = None
+    """Where to scrape; ``None`` means ``http://{address}/metrics``."""
+    engine: Engine = "vllm"
+    """Which model server, hence which metric names (DESIGN.md "Model-server metrics")."""
+    labels: dict[str, str] = {}
+    models: list[str] | None = None
+    """Models it serves; ``None`` = any."""
+    adapters: list[str] | None = None
+    """LoRA adapters pinned to it; ``None`` = any adapter may be loaded."""
+
+    def __post_init__(self) -> None:
+        _check_address(self.address)
+        if self.metrics_url is not None:
+            parts = urlsplit(self.metrics_url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ValueError(
+                    f"metrics_url {self.metrics_url!r} of endpoint {self.address!r} is not "
+                    "an http(s) URL (e.g. 'http://10.0.0.7:8000/metrics')"
+                )
+        # A typed decoder has already checked the Literal; this catches direct construction.
+        if self.engine not in ENGINES:
+            raise ValueError(
+                f"engine {self.engine!r} of endpoint {self.address!r} is not one of "
+                f"{', '.join(ENGINES)}"
+            )
+
+    @property
+    def url(self) -> str:
+        """The effective metrics URL."""
+        return self.metrics_url or f"http://{self.address}/metrics"
+
+
+def _check_address(address: str) -> None:
+    problem = None
+    if not isinstance(address, str) or "/" in address or "@" in address or " " in address:
+        problem = "is not host:port"
+    else:
+        try:
+            parts = urlsplit(f"//{address}")
+            port = parts.port  # raises ValueError when out of range or not a number
+        except ValueError:
+            problem = "has an invalid port"
+        else:
+            if not parts.hostname:
+                problem = "has no host"
+            elif port is None:
+                problem = "has no port"
+            elif port == 0:
+                problem = "has an invalid port"
+    if problem:
+        raise ValueError(
+            f"endpoint address {address!r} {problem}: expected 'host:port', "
+            "e.g. '10.0.0.7:8000' or '[::1]:8000'"
+        )

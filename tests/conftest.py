@@ -1,0 +1,35 @@
+"""Fixtures shared by every test area. Test doubles live in ``tests/fakes.py``."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import pytest
+
+from fakes import FakeClock, FakeVLLM
+
+
+@pytest.fixture
+def fake_vllm() -> Iterator[Callable[..., FakeVLLM]]:
+    """Factory: ``fake_vllm(page=None)`` starts a :class:`fakes.FakeVLLM` on a free port.
+
+    Every server it started is stopped at teardown (stopping twice is harmless).
+    """
+    servers: list[FakeVLLM] = []
+
+    def start(page: str | None = None) -> FakeVLLM:
+        server = FakeVLLM(page)
+        servers.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    """A :class:`fakes.FakeClock` starting at 1000.0 s."""
+    return FakeClock()

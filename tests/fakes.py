@@ -1,0 +1,159 @@
+"""Shared test doubles that are real implementations, not mocks.
+
+``FakeVLLM``
+    A real HTTP server (stdlib ``ThreadingHTTPServer``, 127.0.0.1, a free port) serving
+    a model server's ``/metrics`` page. Change what it serves at any time::
+
+        server = fake_vllm(vllm_page(waiting=3, kv=0.5))  # the conftest fixture
+        server.address              # "127.0.0.1:<port>" — the EndpointSpec address
+        server.page = vllm_page(waiting=9)                # next scrape sees 9
+        server.status = 500         # answer HTTP 500 (page ignored) until set back to 200
+        server.hang = True          # accept, then never answer until hang=False or stop()
+        server.hits                 # requests answered or hung so far
+        server.stop()               # kill it: the port refuses connections afterwards
+
+    Every answer closes its connection (HTTP/1.0), so ``stop()`` is final: no kept-alive
+    connection outlives the server.
+
+``vllm_page(...)``
+    A realistic vLLM page: the gauges the pool reads plus histogram noise it must skip.
+
+``FakeClock``
+    A settable monotonic clock (``clock()`` returns ``clock.now``; ``advance(s)``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+__all__ = ["FakeVLLM", "vllm_page", "FakeClock"]
+
+
+def vllm_page(
+    *,
+    waiting: float = 0,
+    running: float = 0,
+    kv: float = 0.0,
+    kv_name: str = "vllm:kv_cache_usage_perc",
+    running_adapters: str | None = None,
+    waiting_adapters: str = "",
+    max_lora: int = 4,
+    lora_timestamp: float = 1.7e9,
+    block_size: int = 16,
+    num_gpu_blocks: int = 2048,
+    model: str = "meta-llama/Llama-3.1-8B-Instruct",
+) -> str:
+    """A vLLM ``/metrics`` page in Prometheus text format.
+
+    ``kv_name`` picks the newer ``vllm:kv_cache_usage_perc`` or the older
+    ``vllm:gpu_cache_usage_perc``. ``running_adapters=None`` leaves out
+    ``vllm:lora_requests_info`` (LoRA disabled); a string (comma-separated, as vLLM
+    writes it) emits one series with ``waiting_adapters``, ``max_lora`` and
+    ``lora_timestamp`` as its value.
+    """
+    m = f'model_name="{model}"'
+    lines = [
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        f'vllm:num_requests_running{{engine="0",{m}}} {float(running)}',
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f'vllm:num_requests_waiting{{engine="0",{m}}} {float(waiting)}',
+        f"# HELP {kv_name} KV-cache usage. 1 means 100 percent usage.",
+        f"# TYPE {kv_name} gauge",
+        f'{kv_name}{{engine="0",{m}}} {float(kv)}',
+        "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+    ]
+    for le in ("0.001", "0.01", "0.1", "1.0", "10.0", "+Inf"):
+        lines.append(f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="{le}",{m}}} 7.0')
+    lines += [
+        f'vllm:time_to_first_token_seconds_count{{engine="0",{m}}} 7.0',
+        f'vllm:time_to_first_token_seconds_sum{{engine="0",{m}}} 0.42',
+        "# TYPE vllm:cache_config_info gauge",
+        f'vllm:cache_config_info{{block_size="{block_size}",cache_dtype="auto",'
+        f'gpu_memory_utilization="0.9",num_gpu_blocks="{num_gpu_blocks}"}} 1.0',
+    ]
+    if running_adapters is not None:
+        lines += [
+            "# TYPE vllm:lora_requests_info gauge",
+            f'vllm:lora_requests_info{{max_lora="{max_lora}",'
+            f'running_lora_adapters="{running_adapters}",'
+            f'waiting_lora_adapters="{waiting_adapters}"}} {lora_timestamp!r}',
+        ]
+    return "\n".join(lines) + "\n"
+
+
+class FakeVLLM:
+    """A real ``/metrics`` HTTP server on 127.0.0.1; see the module docstring."""
+
+    def __init__(self, page: str | None = None) -> None:
+        self.page: str = page if page is not None else vllm_page()
+        self.status: int = 200
+        self.hang: bool = False
+        self.hits: int = 0
+        self._stopped = threading.Event()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            timeout = 10  # a silent client must not pin a handler thread forever
+
+            def do_GET(self) -> None:  # noqa: N802 (stdlib name)
+                fake.hits += 1
+                while fake.hang and not fake._stopped.is_set():
+                    time.sleep(0.005)
+                if fake._stopped.is_set():
+                    return  # killed mid-request: close without answering
+                status, body = fake.status, fake.page.encode()
+                if status != 200:
+                    body = b"Internal Server Error\n"
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass  # keep test output clean
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = False  # stop() joins every handler
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"FakeVLLM:{self.port}",
+        )
+        self._thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}/metrics"
+
+    def stop(self) -> None:
+        """Kill the server (idempotent): releases hung requests, refuses new ones."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._server.shutdown()
+        self._server.server_close()  # closes the listener, joins handler threads
+        self._thread.join()
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand: pass it as ``clock=``."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
