@@ -1,0 +1,29 @@
+"""`epick bench …`: the benchmarks, one sub-command each.
+
+    epick bench pick [--grpc]     per-pick cost: in process (WASM vs Python) or over gRPC
+    epick bench quality           routing quality on the simulated fleet
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["main"]
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "pick":
+        from epick.bench.pick import main as pick_main
+
+        return pick_main(rest)
+    if cmd == "quality":
+        from epick.bench.quality import main as quality_main
+
+        return quality_main(rest)
+    print(f"epick bench: unknown benchmark {cmd!r}; expected 'pick' or 'quality'",
+          file=sys.stderr)
+    return 2
