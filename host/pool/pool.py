@@ -245,25 +245,31 @@ class Pool:
         if self._tg is not None:
             raise RuntimeError("Pool.run is already running")
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with (
-            httpx.AsyncClient(timeout=self._timeout_s, limits=limits, trust_env=False) as client,
-            anyio.create_task_group() as tg,
-        ):
-            self._client, self._tg = client, tg
-            try:
-                for ep in self._endpoints.values():
-                    self._start(ep)
-                await self._round(deadline=None)
-                task_status.started()
-                while True:
-                    deadline = anyio.current_time() + self._interval_s
-                    await self._round(deadline=deadline)
-                    await anyio.sleep_until(deadline)
-            finally:
-                tg.cancel_scope.cancel()
-                self._client, self._tg = None, None
-                for ep in self._endpoints.values():
-                    ep.busy, ep.scope, ep.wake = False, None, None
+        try:
+            async with (
+                httpx.AsyncClient(
+                    timeout=self._timeout_s, limits=limits, trust_env=False
+                ) as client,
+                anyio.create_task_group() as tg,
+            ):
+                self._client, self._tg = client, tg
+                try:
+                    for ep in self._endpoints.values():
+                        self._start(ep)
+                    await self._round(deadline=None)
+                    task_status.started()
+                    while True:
+                        deadline = anyio.current_time() + self._interval_s
+                        await self._round(deadline=deadline)
+                        await anyio.sleep_until(deadline)
+                finally:
+                    tg.cancel_scope.cancel()  # the loops end with the ticker, whatever ended it
+        finally:
+            # Only here, once every loop has exited, may their state be reset.
+            self._client, self._tg = None, None
+            self._pending, self._round_done = set(), None
+            for ep in self._endpoints.values():
+                ep.busy, ep.scope, ep.wake = False, None, None
 
     async def _round(self, *, deadline: float | None) -> None:
         """Wake every due endpoint, wait for them (at most until ``deadline``), publish."""

@@ -1,0 +1,346 @@
+"""Pool against real HTTP servers: readiness, staleness, membership, rebuild coalescing.
+
+Freshness runs on an injected FakeClock, so nothing here sleeps through a stale_after;
+the short real waits are the scrape interval (10 ms) doing its work.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Callable
+
+import anyio
+import pytest
+
+from epick import telemetry
+from epick.pool import EndpointSpec, Pool
+from fakes import FakeClock, FakeVLLM, vllm_page
+
+INTERVAL_MS = 10
+
+
+def make_pool(servers: list[FakeVLLM], clock: FakeClock, **kw) -> Pool:
+    kw.setdefault("scrape_interval_ms", INTERVAL_MS)
+    kw.setdefault("stale_after_ms", 1000)
+    kw.setdefault("timeout_ms", 2000)
+    return Pool([EndpointSpec(address=s.address) for s in servers], clock=clock, **kw)
+
+
+@asynccontextmanager
+async def running(pool: Pool) -> AsyncIterator[Pool]:
+    async with anyio.create_task_group() as tg:
+        with anyio.fail_after(10):  # a broken started() must fail the test, not hang it
+            await tg.start(pool.run)
+        try:
+            yield pool
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.002)
+
+
+async def hits_grow_by(server: FakeVLLM, n: int) -> None:
+    target = server.hits + n
+    await eventually(lambda: server.hits >= target)
+
+
+def status_of(pool: Pool, server: FakeVLLM):
+    return next(s for s in pool.status() if s.address == server.address)
+
+
+def metrics_of(pool: Pool, server: FakeVLLM):
+    snap = pool.snapshot
+    for metrics, info in zip(snap.snapshot.endpoints, snap.info):
+        if metrics.address == server.address:
+            return metrics, info
+    return None
+
+
+def sample(name: str, **labels: str) -> float:
+    return telemetry.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+# --- readiness ----------------------------------------------------------------------
+
+
+async def test_snapshot_is_empty_and_pool_not_ready_before_run(fake_vllm, fake_clock):
+    pool = make_pool([fake_vllm()], fake_clock)
+    assert pool.snapshot.version == 0
+    assert pool.snapshot.snapshot.endpoints == ()
+    assert not pool.ready()
+
+
+async def test_started_comes_after_the_first_round_with_its_metrics_published(
+    fake_vllm, fake_clock
+):
+    server = fake_vllm(vllm_page(waiting=3, running=2, kv=0.5))
+    pool = make_pool([server], fake_clock)
+    async with running(pool):
+        assert server.hits >= 1
+        snap = pool.snapshot
+        assert snap.version == 1
+        assert [(m.address, m.waiting, m.running, m.kv_usage) for m in snap.snapshot.endpoints] == [
+            (server.address, 3, 2, 0.5)
+        ]
+        assert snap.info[0].fresh
+        assert pool.ready()
+
+
+async def test_first_round_waits_for_a_hung_endpoint_only_as_long_as_the_timeout(
+    fake_vllm, fake_clock
+):
+    good, hung = fake_vllm(), fake_vllm()
+    hung.hang = True
+    before = sample("epick_scrape_errors_total", endpoint=hung.address, reason="timeout")
+    pool = make_pool([good, hung], fake_clock, timeout_ms=200)
+    with anyio.fail_after(2):
+        async with running(pool):
+            # started() came after the hung fetch gave up, not before.
+            hung_status = status_of(pool, hung)
+            assert hung_status.failures == 1
+            assert hung_status.last_error == f"{hung.url}: no answer within 200 ms"
+            assert hung_status.last_success_age_ms is None
+            assert [m.address for m in pool.snapshot.snapshot.endpoints] == [good.address]
+    after = sample("epick_scrape_errors_total", endpoint=hung.address, reason="timeout")
+    assert after == before + 1
+
+
+async def test_a_hung_endpoint_does_not_hold_up_the_others(fake_vllm, fake_clock):
+    good, slow = fake_vllm(vllm_page(waiting=1)), fake_vllm()
+    pool = make_pool([good, slow], fake_clock, timeout_ms=5000)
+    async with running(pool):
+        slow.hang = True
+        await hits_grow_by(slow, 1)  # a fetch of `slow` is now stuck for up to 5 s
+        good.page = vllm_page(waiting=7)
+        await eventually(lambda: metrics_of(pool, good)[0].waiting == 7, timeout=1.0)
+
+
+# --- rebuilds -----------------------------------------------------------------------
+
+
+async def test_snapshot_is_not_rebuilt_while_nothing_changes(fake_vllm, fake_clock):
+    server = fake_vllm(vllm_page(waiting=3))
+    pool = make_pool([server], fake_clock)
+    async with running(pool):
+        first = pool.snapshot
+        rebuilds = sample("epick_snapshot_rebuilds_total")
+        await hits_grow_by(server, 10)
+        assert pool.snapshot is first
+        assert sample("epick_snapshot_rebuilds_total") == rebuilds
+
+
+async def test_a_changed_value_rebuilds_the_snapshot_once(fake_vllm, fake_clock):
+    server = fake_vllm(vllm_page(waiting=3))
+    pool = make_pool([server], fake_clock)
+    async with running(pool):
+        version = pool.snapshot.version
+        server.page = vllm_page(waiting=9)
+        await eventually(lambda: pool.snapshot.snapshot.endpoints[0].waiting == 9)
+        await hits_grow_by(server, 5)
+        assert pool.snapshot.version == version + 1
+
+
+async def test_snapshot_keeps_spec_order_and_stamps_wall_clock_ms(fake_vllm, fake_clock):
+    servers = [fake_vllm(vllm_page(waiting=i)) for i in range(3)]
+    pool = make_pool(servers, fake_clock, wall_clock=lambda: 1_700_000_000.1234)
+    async with running(pool):
+        snap = pool.snapshot
+        assert [m.address for m in snap.snapshot.endpoints] == [s.address for s in servers]
+        assert [m.waiting for m in snap.snapshot.endpoints] == [0, 1, 2]
+        assert snap.snapshot.timestamp_ms == 1_700_000_000_123
+        assert sample("epick_snapshot_endpoints") == 3
+
+
+# --- failures and staleness -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("breakage", "reason", "message"),
+    [
+        ("garbage", "missing-metric",
+         "missing vllm:num_requests_waiting (no known metric on the page: wrong engine or URL?)"),
+        ("http-500", "http-status", "HTTP 500 Internal Server Error"),
+    ],
+    ids=["garbage-page", "http-500"],
+)
+async def test_a_failing_endpoint_keeps_its_last_values_until_stale_after(
+    fake_vllm, fake_clock, breakage, reason, message
+):
+    server = fake_vllm(vllm_page(waiting=4, kv=0.25))
+    errors = sample("epick_scrape_errors_total", endpoint=server.address, reason=reason)
+    pool = make_pool([server], fake_clock, stale_after_ms=1000)
+    async with running(pool):
+        good = pool.snapshot.snapshot.endpoints[0]
+        if breakage == "garbage":
+            server.page = "<html><body>oops</body></html>"
+        else:
+            server.status = 500
+        await eventually(lambda: status_of(pool, server).failures >= 1)
+        assert status_of(pool, server).last_error == f"{server.url}: {message}"
+        assert sample("epick_scrape_errors_total", endpoint=server.address, reason=reason) > errors
+
+        fake_clock.advance(0.999)  # not yet older than stale_after
+        await hits_grow_by(server, 1)
+        assert pool.snapshot.snapshot.endpoints == (good,)
+        assert pool.snapshot.info[0].fresh
+
+        fake_clock.advance(0.002)  # now it is: the next tick flips it, no scrape needed
+        await eventually(lambda: not pool.snapshot.info[0].fresh)
+        assert pool.snapshot.snapshot.endpoints == (good,)  # last good values kept
+        assert not pool.ready()
+        assert sample("epick_endpoint_fresh", endpoint=server.address) == 0
+
+
+async def test_recovery_after_stale_makes_the_endpoint_fresh_again(fake_vllm, fake_clock):
+    server = fake_vllm(vllm_page(waiting=4))
+    pool = make_pool([server], fake_clock, stale_after_ms=1000)
+    async with running(pool):
+        server.status = 500
+        await eventually(lambda: status_of(pool, server).failures >= 1)
+        fake_clock.advance(2)
+        await eventually(lambda: not pool.snapshot.info[0].fresh)
+        server.status, server.page = 200, vllm_page(waiting=5)
+        await eventually(lambda: pool.snapshot.info[0].fresh, timeout=5)  # within the back-off
+        assert pool.snapshot.snapshot.endpoints[0].waiting == 5
+        assert status_of(pool, server).failures == 0
+
+
+async def test_a_killed_server_goes_stale_while_the_others_stay_fresh(fake_vllm, fake_clock):
+    alive, killed = fake_vllm(), fake_vllm()
+    pool = make_pool([alive, killed], fake_clock, stale_after_ms=1000)
+    async with running(pool):
+        killed.stop()
+        await eventually(lambda: status_of(pool, killed).failures >= 1)
+        assert status_of(pool, killed).last_error.startswith(f"{killed.url}: ")
+        fake_clock.advance(1.5)
+        await eventually(lambda: not metrics_of(pool, killed)[1].fresh)
+        await eventually(lambda: metrics_of(pool, alive)[1].fresh)
+        assert pool.ready()
+        assert sample("epick_scrape_errors_total", endpoint=killed.address, reason="network") >= 1
+        assert [s.fresh for s in pool.status()] == [True, False]
+
+
+async def test_an_endpoint_that_never_answered_is_not_in_the_snapshot(fake_vllm, fake_clock):
+    alive, dead = fake_vllm(), fake_vllm()
+    dead.stop()
+    pool = make_pool([alive, dead], fake_clock)
+    async with running(pool):
+        assert [m.address for m in pool.snapshot.snapshot.endpoints] == [alive.address]
+        status = status_of(pool, dead)
+        assert (status.fresh, status.last_success_age_ms, status.failures) == (False, None, 1)
+
+
+async def test_failures_back_off_and_are_logged_with_endpoint_and_delay(
+    fake_vllm, fake_clock, caplog
+):
+    caplog.set_level(logging.INFO, logger="epick.pool")
+    server = fake_vllm()
+    pool = make_pool([server], fake_clock)
+    async with running(pool):
+        server.status = 500
+        hits = server.hits
+        await anyio.sleep(0.4)  # 40 intervals: without back-off ~40 requests
+        # Back-off doubles from 10 ms: retries at +10, +20, +40, +80, +160 ms (~5-6 in 0.4 s).
+        assert server.hits - hits <= 8
+    records = [r for r in caplog.records if r.name == "epick.pool"]
+    messages = [r.getMessage() for r in records]
+    url = server.url
+    assert messages[0] == (
+        f"scrape of {server.address} failed (1 in a row): "
+        f"{url}: HTTP 500 Internal Server Error; retrying in 10 ms"
+    )
+    assert messages[1] == (
+        f"scrape of {server.address} failed (2 in a row): "
+        f"{url}: HTTP 500 Internal Server Error; retrying in 20 ms"
+    )
+    assert [r.levelno for r in records[:2]] == [logging.WARNING, logging.INFO]
+
+
+# --- membership ---------------------------------------------------------------------
+
+
+async def test_set_endpoints_adds_without_disturbing_existing_ones(fake_vllm, fake_clock):
+    a, b = fake_vllm(vllm_page(waiting=1)), fake_vllm(vllm_page(waiting=2))
+    pool = make_pool([a], fake_clock)
+    async with running(pool):
+        a_metrics = pool.snapshot.snapshot.endpoints[0]
+        pool.set_endpoints([EndpointSpec(address=a.address), EndpointSpec(address=b.address)])
+        await eventually(lambda: len(pool.snapshot.snapshot.endpoints) == 2)
+        endpoints = pool.snapshot.snapshot.endpoints
+        assert endpoints[0] is a_metrics  # unchanged endpoint kept its state
+        assert (endpoints[1].address, endpoints[1].waiting) == (b.address, 2)
+
+
+async def test_set_endpoints_removes_at_once_and_stops_scraping(fake_vllm, fake_clock):
+    a, b = fake_vllm(), fake_vllm()
+    pool = make_pool([a, b], fake_clock)
+    async with running(pool):
+        version = pool.snapshot.version
+        pool.set_endpoints([EndpointSpec(address=b.address)])
+        # Visible right away, not after the next round.
+        assert [m.address for m in pool.snapshot.snapshot.endpoints] == [b.address]
+        assert pool.snapshot.version == version + 1
+        assert [s.address for s in pool.status()] == [b.address]
+        assert telemetry.REGISTRY.get_sample_value(
+            "epick_endpoint_fresh", {"endpoint": a.address}
+        ) is None
+        await anyio.sleep(0.02)  # let an in-flight fetch of `a` land (it must be ignored)
+        hits = a.hits
+        await hits_grow_by(b, 5)
+        assert a.hits == hits
+        assert [m.address for m in pool.snapshot.snapshot.endpoints] == [b.address]
+
+
+async def test_set_endpoints_with_new_labels_keeps_metrics_and_republishes(
+    fake_vllm, fake_clock
+):
+    server = fake_vllm(vllm_page(waiting=6))
+    pool = make_pool([server], fake_clock)
+    async with running(pool):
+        before = pool.snapshot
+        pool.set_endpoints(
+            [EndpointSpec(address=server.address, labels={"zone": "b"}, models=["llama"])]
+        )
+        after = pool.snapshot
+        assert after.version == before.version + 1
+        assert after.snapshot.endpoints == before.snapshot.endpoints
+        assert after.info[0].labels == (("zone", "b"),)
+        assert after.info[0].models == frozenset({"llama"})
+
+
+async def test_set_endpoints_before_run_is_used_by_run(fake_vllm, fake_clock):
+    a, b = fake_vllm(), fake_vllm()
+    pool = make_pool([a], fake_clock)
+    pool.set_endpoints([EndpointSpec(address=b.address)])
+    async with running(pool):
+        assert [m.address for m in pool.snapshot.snapshot.endpoints] == [b.address]
+    assert a.hits == 0
+
+
+def test_duplicate_addresses_are_refused_and_leave_the_pool_unchanged(fake_clock):
+    pool = Pool([EndpointSpec(address="a:1")], clock=fake_clock)
+    with pytest.raises(ValueError) as info:
+        pool.set_endpoints(
+            [EndpointSpec(address="b:1"), EndpointSpec(address="c:1"), EndpointSpec(address="b:1")]
+        )
+    assert str(info.value) == "duplicate endpoint address 'b:1' (endpoints[0] and endpoints[2])"
+    assert [s.address for s in pool.status()] == ["a:1"]
+
+
+@pytest.mark.parametrize("name", ["scrape_interval_ms", "stale_after_ms", "timeout_ms"])
+def test_pool_timings_must_be_positive(name):
+    with pytest.raises(ValueError) as info:
+        Pool([], **{name: 0})
+    assert str(info.value) == f"Pool {name} must be a number > 0, got 0"
+
+
+async def test_run_twice_at_once_is_refused(fake_vllm, fake_clock):
+    pool = make_pool([fake_vllm()], fake_clock)
+    async with running(pool):
+        with pytest.raises(RuntimeError, match="Pool.run is already running"):
+            await pool.run()
