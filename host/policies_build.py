@@ -1,0 +1,192 @@
+"""Build the policies in ``policies/*/`` into ``policies/dist/NAME.wasm``.
+
+Run as ``python -m epick.policies_build`` (``make policies``). Each directory under
+``policies/`` except ``sdk`` and ``dist`` is one policy, named after the directory:
+
+- ``main.zig`` — a Zig policy on the SDK (``policies/sdk/epick.zig``, imported as
+  ``epick``), built with ``zig build-exe``. Its exports follow from the hooks it declares
+  (:data:`ZIG_HOOK_EXPORTS`), passed as explicit ``--export=`` flags.
+- ``*.c`` — a C policy (``#include "epick.h"``), built with ``zig cc``; its exports come
+  from ``export_name`` attributes in the source.
+
+Every build targets ``wasm32-freestanding`` with ``ReleaseFast`` (C: ``-O2``), no entry
+point, no libc, no WASI, no imports — and is byte-for-byte reproducible: the same
+sources and Zig version give the same ``.wasm`` (``--check`` verifies the committed ones).
+
+Usage::
+
+    python -m epick.policies_build [--out DIR] [--check] [NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["POLICIES_DIR", "Policy", "BuildError", "discover", "build", "build_all", "main"]
+
+#: ``policies/`` of this checkout (host/ and policies/ are siblings).
+POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
+
+#: Directories under ``policies/`` that are not policies.
+NOT_POLICIES = frozenset({"sdk", "dist"})
+
+#: The exports every SDK policy has (policies/sdk/epick.zig, ``exportPolicy``).
+ZIG_BASE_EXPORTS = (
+    "epick_abi_version",
+    "alloc",
+    "error_ptr",
+    "error_len",
+    "output_ptr",
+    "output_len",
+    "init",
+    "describe",
+)
+
+#: SDK hook (a ``pub fn`` in the policy's root file) -> the export it adds.
+ZIG_HOOK_EXPORTS = {
+    "score": "score",
+    "filter": "filter",
+    "preRequest": "pre_request",
+    "postResponse": "post_response",
+    "exportState": "export_state",
+    "importState": "import_state",
+}
+
+#: Linear-memory stack for every policy: the SDK keeps data on the heap, not the stack.
+STACK_BYTES = 64 * 1024
+
+_HOOK = re.compile(r"^pub fn (\w+)\(", re.MULTILINE)
+_NOT_RESIDENT = re.compile(r"^pub const resident_snapshot\s*=\s*false\s*;", re.MULTILINE)
+
+
+class BuildError(Exception):
+    """A policy failed to build; ``policy`` names it, the message carries the compiler's."""
+
+    def __init__(self, policy: str, message: str) -> None:
+        super().__init__(f"policy {policy!r}: {message}")
+        self.policy = policy
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str
+    source_dir: Path
+    language: str
+    """``zig`` or ``c``."""
+
+
+def discover(root: Path = POLICIES_DIR) -> list[Policy]:
+    """Every policy directory under ``root``, sorted by name."""
+    found = []
+    for d in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in NOT_POLICIES):
+        if (d / "main.zig").is_file():
+            found.append(Policy(d.name, d, "zig"))
+        elif any(d.glob("*.c")):
+            found.append(Policy(d.name, d, "c"))
+    return found
+
+
+def zig_exports(main_zig: Path) -> list[str]:
+    """The export names the SDK generates for this policy's hooks."""
+    src = main_zig.read_text()
+    hooks = set(_HOOK.findall(src))
+    exports = list(ZIG_BASE_EXPORTS)
+    exports += [exp for hook, exp in ZIG_HOOK_EXPORTS.items() if hook in hooks]
+    if not _NOT_RESIDENT.search(src):
+        exports.append("set_snapshot")
+    return exports
+
+
+def _zig() -> list[str]:
+    return [sys.executable, "-m", "ziglang"]
+
+
+def _command(policy: Policy, out: Path, cache: Path) -> list[str]:
+    common = ["-target", "wasm32-freestanding", "--cache-dir", str(cache / "local"),
+              "--global-cache-dir", str(cache / "global")]
+    sdk = POLICIES_DIR / "sdk"
+    if policy.language == "zig":
+        exports = [f"--export={e}" for e in zig_exports(policy.source_dir / "main.zig")]
+        return [
+            *_zig(), "build-exe", *common, "-O", "ReleaseFast", "-fno-entry", "-fstrip",
+            "--stack", str(STACK_BYTES), *exports,
+            "--dep", "epick", f"-Mroot={policy.source_dir / 'main.zig'}", f"-Mepick={sdk / 'epick.zig'}",
+            f"-femit-bin={out}",
+        ]
+    sources = sorted(str(p) for p in policy.source_dir.glob("*.c"))
+    return [
+        *_zig(), "cc", *common, "-O2", "-nostdlib", "-fno-builtin", "-ffreestanding", "-I", str(sdk),
+        "-Wall", "-Werror", "-Wl,--no-entry", "-Wl,--strip-all", f"-Wl,-z,stack-size={STACK_BYTES}",
+        "-o", str(out), *sources,
+    ]
+
+
+def default_cache() -> Path:
+    """Zig's caches: outside the tree, shared between builds (they never change outputs)."""
+    return Path(tempfile.gettempdir()) / "epick-zig-cache"
+
+
+def build(policy: Policy, out_dir: Path, cache: Path | None = None) -> Path:
+    """Build one policy into ``out_dir/NAME.wasm``; raise :class:`BuildError` on failure."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{policy.name}.wasm"
+    cmd = _command(policy, out, cache or default_cache())
+    # cwd = the out dir: `zig cc` may drop by-products next to its working directory.
+    proc = subprocess.run(cmd, cwd=out_dir, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(policy.name, f"zig exited with {proc.returncode}:\n{proc.stderr.strip()}")
+    for junk in out_dir.glob(f"{policy.name}.wasm.o"):
+        junk.unlink()
+    return out
+
+
+def build_all(out_dir: Path, names: list[str] | None = None, cache: Path | None = None) -> list[Path]:
+    """Build every policy (or the named ones) into ``out_dir``, two at a time."""
+    policies = discover()
+    if names:
+        known = {p.name for p in policies}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise BuildError(unknown[0], f"no such policy under {POLICIES_DIR} (known: {', '.join(sorted(known))})")
+        policies = [p for p in policies if p.name in names]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda p: build(p, out_dir, cache), policies))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m epick.policies_build", description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", help="policies to build (default: all)")
+    ap.add_argument("--out", type=Path, default=POLICIES_DIR / "dist", help="output directory (default: policies/dist)")
+    ap.add_argument("--check", action="store_true",
+                    help="build into a temp dir and fail if any committed policies/dist/*.wasm differs")
+    args = ap.parse_args(argv)
+    try:
+        if args.check:
+            with tempfile.TemporaryDirectory() as tmp:
+                stale = []
+                for built in build_all(Path(tmp), args.names):
+                    committed = args.out / built.name
+                    if not committed.is_file() or committed.read_bytes() != built.read_bytes():
+                        stale.append(str(committed))
+                if stale:
+                    print("stale or missing (run `make policies`): " + ", ".join(stale), file=sys.stderr)
+                    return 1
+                print("policies/dist is up to date")
+                return 0
+        for path in build_all(args.out, args.names):
+            print(f"built {path} ({path.stat().st_size} bytes)")
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+//! load — queue depth and KV-cache use (DESIGN.md, "Load").
+//!
+//!   queue = (max_q − q) / (max_q − min_q) over the candidates; 1.0 for all when equal
+//!   kv    = 1 − clamp(kv_usage, 0, 1)
+//!   score = (queue_weight · queue + kv_weight · kv) / (queue_weight + kv_weight)
+
+const sdk = @import("epick");
+
+pub const name = "load";
+pub const version = "1.0.0";
+pub const kind = "load";
+
+pub const Params = struct {
+    queue_weight: f64 = 1.0,
+    kv_weight: f64 = 1.0,
+
+    pub fn check(p: *const Params) sdk.Error!void {
+        // `!(x >= 0)` also refuses NaN.
+        if (!(p.queue_weight >= 0) or !(p.queue_weight < inf)) return sdk.fail("param 'queue_weight': {d} must be a finite number >= 0", .{p.queue_weight});
+        if (!(p.kv_weight >= 0) or !(p.kv_weight < inf)) return sdk.fail("param 'kv_weight': {d} must be a finite number >= 0", .{p.kv_weight});
+        if (p.queue_weight + p.kv_weight == 0) return sdk.fail("params 'queue_weight' and 'kv_weight' are both 0; at least one must be > 0", .{});
+    }
+};
+
+const inf = std.math.inf(f64);
+const std = @import("std");
+
+var wq: f64 = 1.0;
+var wkv: f64 = 1.0;
+
+pub fn init(p: *const Params) sdk.Error!void {
+    wq = p.queue_weight;
+    wkv = p.kv_weight;
+}
+
+pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
+    if (out.len == 0) return;
+    var min_q: i64 = std.math.maxInt(i64);
+    var max_q: i64 = std.math.minInt(i64);
+    for (0..out.len) |i| {
+        const q = ctx.endpoint(i).waiting;
+        min_q = @min(min_q, q);
+        max_q = @max(max_q, q);
+    }
+    const span: f64 = @floatFromInt(max_q - min_q);
+    for (out, 0..) |*o, i| {
+        const e = ctx.endpoint(i);
+        const queue: f64 = if (max_q == min_q) 1.0 else @as(f64, @floatFromInt(max_q - e.waiting)) / span;
+        // NaN kv_usage (never sent by the host) would compare false both ways: treat as full.
+        const kv_used: f64 = if (e.kv_usage >= 0) @min(e.kv_usage, 1.0) else if (e.kv_usage < 0) 0.0 else 1.0;
+        const kv = 1.0 - kv_used;
+        o.* = (wq * queue + wkv * kv) / (wq + wkv);
+    }
+}
+
+comptime {
+    sdk.exportPolicy(@This());
+}

@@ -1,0 +1,243 @@
+//! The ABI payloads (policies/ABI.md, host/abi.py), decoded.
+//!
+//! Each layout is a msgpack array; elements the host sends beyond the ones known here are
+//! skipped (layouts only grow at the end) and missing trailing elements take the defaults
+//! host/abi.py declares. Strings either alias the input (`copy = false`: valid for the
+//! call only) or are copied into the given arena (`copy = true`: the resident snapshot).
+
+const std = @import("std");
+const msgpack = @import("msgpack.zig");
+const report = @import("report.zig");
+
+const Allocator = std.mem.Allocator;
+const Reader = msgpack.Reader;
+pub const Error = report.Error;
+
+pub const Criticality = struct {
+    pub const critical: i64 = 0;
+    pub const standard: i64 = 1;
+    pub const sheddable: i64 = 2;
+};
+
+pub const Endpoint = struct {
+    address: []const u8 = "",
+    waiting: i64 = 0,
+    running: i64 = 0,
+    kv_usage: f64 = 0,
+    running_adapters: []const []const u8 = &.{},
+    waiting_adapters: []const []const u8 = &.{},
+    max_lora: i64 = 0,
+    num_gpu_blocks: i64 = 0,
+    block_size: i64 = 0,
+
+    pub fn isRunning(e: *const Endpoint, adapter: []const u8) bool {
+        return contains(e.running_adapters, adapter);
+    }
+
+    pub fn isWaiting(e: *const Endpoint, adapter: []const u8) bool {
+        return contains(e.waiting_adapters, adapter);
+    }
+};
+
+pub fn contains(names: []const []const u8, name: []const u8) bool {
+    for (names) |n| {
+        if (std.mem.eql(u8, n, name)) return true;
+    }
+    return false;
+}
+
+pub const Snapshot = struct {
+    schema: i64 = 1,
+    version: i64 = 0,
+    timestamp_ms: i64 = 0,
+    endpoints: []const Endpoint = &.{},
+
+    /// The index of the endpoint with this address, if it is in the pool.
+    pub fn find(s: *const Snapshot, address: []const u8) ?usize {
+        for (s.endpoints, 0..) |*e, i| {
+            if (std.mem.eql(u8, e.address, address)) return i;
+        }
+        return null;
+    }
+};
+
+pub const Header = struct { name: []const u8, value: []const u8 };
+
+pub const Request = struct {
+    request_id: []const u8 = "",
+    model: []const u8 = "",
+    adapter: []const u8 = "",
+    prompt: []const u8 = "",
+    criticality: i64 = Criticality.standard,
+    seed: u64 = 0,
+    cache_salt: []const u8 = "",
+    headers: []const Header = &.{},
+
+    /// The value of a header (exact name match), if the gateway passed it.
+    pub fn header(q: *const Request, name: []const u8) ?[]const u8 {
+        for (q.headers) |h| {
+            if (std.mem.eql(u8, h.name, name)) return h.value;
+        }
+        return null;
+    }
+};
+
+pub const PreRequest = struct {
+    request: Request = .{},
+    endpoint: []const u8 = "",
+    timestamp_ms: i64 = 0,
+};
+
+pub const PostResponse = struct {
+    request_id: []const u8 = "",
+    adapter: []const u8 = "",
+    endpoint: []const u8 = "",
+    status: i64 = 0,
+    timestamp_ms: i64 = 0,
+    model: []const u8 = "",
+};
+
+/// One `score`/`filter` call: the request, its candidates and the snapshot they index.
+pub const ScoreCtx = struct {
+    snapshot: *const Snapshot,
+    request: Request,
+    /// Indices into `snapshot.endpoints`, checked to be in range.
+    candidates: []const u32,
+
+    /// The endpoint of the i-th candidate.
+    pub fn endpoint(c: *const ScoreCtx, i: usize) *const Endpoint {
+        return &c.snapshot.endpoints[c.candidates[i]];
+    }
+};
+
+/// How strings are kept by a decode: aliased into the input or copied into `arena`.
+pub const Strings = struct {
+    arena: Allocator,
+    copy: bool,
+
+    fn str(s: Strings, r: *Reader, comptime what: []const u8) Error![]const u8 {
+        const v = try r.str(what);
+        return if (s.copy) try s.arena.dupe(u8, v) else v;
+    }
+};
+
+fn strList(r: *Reader, s: Strings, comptime what: []const u8) Error![]const []const u8 {
+    const n = try r.arrayLen(what);
+    const out = try s.arena.alloc([]const u8, n);
+    for (out) |*v| v.* = try s.str(r, what ++ "[]");
+    return out;
+}
+
+/// Decode an `EndpointMetrics`.
+pub fn decodeEndpoint(r: *Reader, s: Strings) Error!Endpoint {
+    const n = try r.arrayLen("snapshot.endpoints[]");
+    if (n < 1) return report.fail("snapshot.endpoints[] has no address (an empty array at byte {d})", .{r.pos});
+    var e: Endpoint = .{};
+    e.address = try s.str(r, "snapshot.endpoints[].address");
+    if (n > 1) e.waiting = try r.int("snapshot.endpoints[].waiting");
+    if (n > 2) e.running = try r.int("snapshot.endpoints[].running");
+    if (n > 3) e.kv_usage = try r.float("snapshot.endpoints[].kv_usage");
+    if (n > 4) e.running_adapters = try strList(r, s, "snapshot.endpoints[].running_adapters");
+    if (n > 5) e.waiting_adapters = try strList(r, s, "snapshot.endpoints[].waiting_adapters");
+    if (n > 6) e.max_lora = try r.int("snapshot.endpoints[].max_lora");
+    if (n > 7) e.num_gpu_blocks = try r.int("snapshot.endpoints[].num_gpu_blocks");
+    if (n > 8) e.block_size = try r.int("snapshot.endpoints[].block_size");
+    if (n > 9) try r.skipN("snapshot.endpoints[] (trailing)", n - 9);
+    return e;
+}
+
+/// Decode a `Snapshot`.
+pub fn decodeSnapshot(r: *Reader, s: Strings) Error!Snapshot {
+    const n = try r.arrayLen("snapshot");
+    var snap: Snapshot = .{};
+    if (n > 0) snap.schema = try r.int("snapshot.schema");
+    if (snap.schema != 1) return report.fail("snapshot.schema is {d}; this policy reads schema 1", .{snap.schema});
+    if (n > 1) snap.version = try r.int("snapshot.version");
+    if (n > 2) snap.timestamp_ms = try r.int("snapshot.timestamp_ms");
+    if (n > 3) {
+        const m = try r.arrayLen("snapshot.endpoints");
+        const eps = try s.arena.alloc(Endpoint, m);
+        for (eps) |*e| e.* = try decodeEndpoint(r, s);
+        snap.endpoints = eps;
+    }
+    if (n > 4) try r.skipN("snapshot (trailing)", n - 4);
+    return snap;
+}
+
+/// Decode a `Request` (`what` names where it sits, for messages).
+pub fn decodeRequest(r: *Reader, s: Strings, comptime what: []const u8) Error!Request {
+    const n = try r.arrayLen(what);
+    var q: Request = .{};
+    if (n > 0) q.request_id = try s.str(r, what ++ ".request_id");
+    if (n > 1) q.model = try s.str(r, what ++ ".model");
+    if (n > 2) q.adapter = try s.str(r, what ++ ".adapter");
+    if (n > 3) q.prompt = try s.str(r, what ++ ".prompt");
+    if (n > 4) q.criticality = try r.int(what ++ ".criticality");
+    if (n > 5) q.seed = try r.uint64(what ++ ".seed");
+    if (n > 6) q.cache_salt = try s.str(r, what ++ ".cache_salt");
+    if (n > 7) {
+        const m = try r.mapLen(what ++ ".headers");
+        const hs = try s.arena.alloc(Header, m);
+        for (hs) |*h| {
+            h.name = try s.str(r, what ++ ".headers key");
+            h.value = try s.str(r, what ++ ".headers value");
+        }
+        q.headers = hs;
+    }
+    if (n > 8) try r.skipN(what ++ " (trailing)", n - 8);
+    return q;
+}
+
+/// The undecoded parts of a `ScoreInput`: the snapshot (nil or not) is decoded by the
+/// caller, who knows whether one is resident.
+pub const ScoreInputHead = struct { elements: u32, snapshot_nil: bool };
+
+pub fn decodeScoreInputHead(r: *Reader) Error!ScoreInputHead {
+    const n = try r.arrayLen("ScoreInput");
+    if (n < 3) return report.fail("ScoreInput has {d} elements; needs [snapshot, request, candidates]", .{n});
+    return .{ .elements = n, .snapshot_nil = r.nil() };
+}
+
+/// After the snapshot: the request and the candidates (checked against `endpoints`).
+pub fn decodeScoreInputTail(r: *Reader, s: Strings, head: ScoreInputHead, snap: *const Snapshot) Error!ScoreCtx {
+    const q = try decodeRequest(r, s, "request");
+    const m = try r.arrayLen("candidates");
+    const cands = try s.arena.alloc(u32, m);
+    for (cands, 0..) |*c, i| {
+        const v = try r.int("candidates[]");
+        if (v < 0 or v >= snap.endpoints.len) {
+            return report.fail("candidates[{d}] = {d} is out of range for a snapshot of {d} endpoints", .{ i, v, snap.endpoints.len });
+        }
+        c.* = @intCast(v);
+    }
+    if (head.elements > 3) try r.skipN("ScoreInput (trailing)", head.elements - 3);
+    return .{ .snapshot = snap, .request = q, .candidates = cands };
+}
+
+pub fn decodePreRequest(r: *Reader, s: Strings) Error!PreRequest {
+    const n = try r.arrayLen("PreRequestEvent");
+    var ev: PreRequest = .{};
+    if (n > 0) ev.request = try decodeRequest(r, s, "PreRequestEvent.request");
+    if (n > 1) ev.endpoint = try s.str(r, "PreRequestEvent.endpoint");
+    if (n > 2) ev.timestamp_ms = try r.int("PreRequestEvent.timestamp_ms");
+    if (n > 3) try r.skipN("PreRequestEvent (trailing)", n - 3);
+    return ev;
+}
+
+pub fn decodePostResponse(r: *Reader, s: Strings) Error!PostResponse {
+    const n = try r.arrayLen("PostResponseEvent");
+    var ev: PostResponse = .{};
+    if (n > 0) ev.request_id = try s.str(r, "PostResponseEvent.request_id");
+    if (n > 1) ev.adapter = try s.str(r, "PostResponseEvent.adapter");
+    if (n > 2) ev.endpoint = try s.str(r, "PostResponseEvent.endpoint");
+    if (n > 3) ev.status = try r.int("PostResponseEvent.status");
+    if (n > 4) ev.timestamp_ms = try r.int("PostResponseEvent.timestamp_ms");
+    if (n > 5) ev.model = try s.str(r, "PostResponseEvent.model");
+    if (n > 6) try r.skipN("PostResponseEvent (trailing)", n - 6);
+    return ev;
+}
+
+/// After a whole payload: anything left over is an error (a second value, or garbage).
+pub fn expectEnd(r: *const Reader, comptime what: []const u8) Error!void {
+    if (!r.atEnd()) return report.fail("{d} unexpected bytes after the " ++ what ++ " at byte {d}", .{ r.buf.len - r.pos, r.pos });
+}

@@ -1,0 +1,361 @@
+//! The epick policy SDK for Zig: a policy is a struct of hooks, the SDK is the ABI.
+//!
+//! ```zig
+//! const sdk = @import("epick");
+//! pub const name = "least-kv";
+//! pub const version = "1.0.0";
+//! pub const kind = "custom";
+//! pub const Params = struct { floor: f64 = 0 };
+//! pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void { ... }
+//! comptime { sdk.exportPolicy(@This()); }
+//! ```
+//!
+//! Hooks a policy may declare (all optional except one of `score`/`filter`):
+//!   `Params` (struct, see params.zig)        `init(p: *const Params) Error!void`
+//!   `score(ctx, out: []f64) Error!void`      `filter(ctx, keep: []u8) Error!void`
+//!   `onSnapshot(snap: *const Snapshot) Error!void` — a new pool view (resident or inline)
+//!   `preRequest(ev: *const PreRequest) Error!void`
+//!   `postResponse(ev: *const PostResponse) Error!void`
+//!   `exportState(w: *Writer) Error!void`     `importState(r: *Reader) Error!void`
+//!   `resident_snapshot: bool` (default true: export `set_snapshot`)
+//!
+//! Memory (policies/README.md, "Memory"): `alloc` hands the host buffers from `gpa` that
+//! are never freed or reused; `scratch` is an arena reset before every call; the resident
+//! snapshot lives in its own arena, replaced per `set_snapshot`; policy state uses `gpa`
+//! and must be freed by the policy (its `init` resets everything). Hook inputs alias the
+//! host's buffers: copy what you keep.
+//!
+//! Errors: return `sdk.fail("message naming {s}", .{what})`; the SDK turns it into a
+//! non-zero status and the message `error_ptr`/`error_len` expose. Nothing traps on bad
+//! input.
+
+const std = @import("std");
+
+pub const msgpack = @import("msgpack.zig");
+pub const abi = @import("abi.zig");
+pub const params = @import("params.zig");
+pub const report = @import("report.zig");
+
+pub const Error = report.Error;
+pub const fail = report.fail;
+pub const Reader = msgpack.Reader;
+pub const Writer = msgpack.Writer;
+pub const Snapshot = abi.Snapshot;
+pub const Endpoint = abi.Endpoint;
+pub const Request = abi.Request;
+pub const ScoreCtx = abi.ScoreCtx;
+pub const PreRequest = abi.PreRequest;
+pub const PostResponse = abi.PostResponse;
+pub const Criticality = abi.Criticality;
+pub const contains = abi.contains;
+
+/// The ABI version this SDK implements (policies/ABI.md).
+pub const abi_version: i32 = 1;
+
+/// The general-purpose allocator over the module's linear memory (grows it on demand).
+pub const gpa: std.mem.Allocator = std.heap.wasm_allocator;
+
+var scratch_arena = std.heap.ArenaAllocator.init(gpa);
+/// An arena reset at the start of every exported call: per-call temporaries.
+pub fn scratch() std.mem.Allocator {
+    return scratch_arena.allocator();
+}
+
+var output: std.ArrayList(u8) = .empty;
+
+/// SplitMix64 (Steele, Lea & Flood 2014): the SDK's deterministic random stream, seeded
+/// by `Request.seed` — the only randomness a policy may use.
+pub const SplitMix64 = struct {
+    state: u64,
+
+    pub fn init(seed: u64) SplitMix64 {
+        return .{ .state = seed };
+    }
+
+    pub fn next(s: *SplitMix64) u64 {
+        s.state +%= 0x9e3779b97f4a7c15;
+        var z = s.state;
+        z = (z ^ (z >> 30)) *% 0xbf58476d1ce4e5b9;
+        z = (z ^ (z >> 27)) *% 0x94d049bb133111eb;
+        return z ^ (z >> 31);
+    }
+
+    /// A float in [0, 1) from the top 53 bits.
+    pub fn float(s: *SplitMix64) f64 {
+        return @as(f64, @floatFromInt(s.next() >> 11)) * 0x1.0p-53;
+    }
+
+    /// An integer in [0, n) (n > 0), unbiased (Lemire's rejection on the high product).
+    pub fn below(s: *SplitMix64, n: u64) u64 {
+        var m: u128 = @as(u128, s.next()) * n;
+        var low: u64 = @truncate(m);
+        if (low < n) {
+            const threshold = (0 -% n) % n;
+            while (low < threshold) {
+                m = @as(u128, s.next()) * n;
+                low = @truncate(m);
+            }
+        }
+        return @intCast(m >> 64);
+    }
+};
+
+fn bytesAt(ptr: usize, len: usize) []const u8 {
+    if (len == 0) return &.{};
+    return @as([*]const u8, @ptrFromInt(ptr))[0..len];
+}
+
+/// Export the ABI for policy `P` (call it from a `comptime` block in the policy's root).
+pub fn exportPolicy(comptime P: type) void {
+    const E = Exports(P);
+    @export(&E.epick_abi_version, .{ .name = "epick_abi_version" });
+    @export(&E.alloc, .{ .name = "alloc" });
+    @export(&E.error_ptr, .{ .name = "error_ptr" });
+    @export(&E.error_len, .{ .name = "error_len" });
+    @export(&E.output_ptr, .{ .name = "output_ptr" });
+    @export(&E.output_len, .{ .name = "output_len" });
+    @export(&E.init, .{ .name = "init" });
+    @export(&E.describe, .{ .name = "describe" });
+    if (!@hasDecl(P, "score") and !@hasDecl(P, "filter")) @compileError("a policy declares score or filter (or both)");
+    if (@hasDecl(P, "score")) @export(&E.score, .{ .name = "score" });
+    if (@hasDecl(P, "filter")) @export(&E.filter, .{ .name = "filter" });
+    if (E.resident) @export(&E.set_snapshot, .{ .name = "set_snapshot" });
+    if (@hasDecl(P, "preRequest")) @export(&E.pre_request, .{ .name = "pre_request" });
+    if (@hasDecl(P, "postResponse")) @export(&E.post_response, .{ .name = "post_response" });
+    if (@hasDecl(P, "exportState")) @export(&E.export_state, .{ .name = "export_state" });
+    if (@hasDecl(P, "importState")) @export(&E.import_state, .{ .name = "import_state" });
+}
+
+fn Exports(comptime P: type) type {
+    return struct {
+        const Params = if (@hasDecl(P, "Params")) P.Params else struct {};
+        const resident = if (@hasDecl(P, "resident_snapshot")) P.resident_snapshot else true;
+        const kind: []const u8 = if (@hasDecl(P, "kind")) P.kind else "custom";
+        const version: []const u8 = if (@hasDecl(P, "version")) P.version else "0.0.0";
+
+        /// Params outlive calls: strings in them are copied here, reset per `init`.
+        var params_arena = std.heap.ArenaAllocator.init(gpa);
+        var current: Params = .{};
+        var initialised = false;
+
+        // The resident snapshot, double-buffered so `onSnapshot` sees the new one while
+        // the old one is still valid.
+        var snap_arenas = [2]std.heap.ArenaAllocator{ .init(gpa), .init(gpa) };
+        var snaps = [2]abi.Snapshot{ .{}, .{} };
+        var snap_live: usize = 0;
+        var have_snapshot = false;
+        // The version `onSnapshot` last saw, to notice a new inline snapshot.
+        var seen_version: ?i64 = null;
+
+        fn begin() void {
+            _ = scratch_arena.reset(.retain_capacity);
+        }
+
+        fn guard(result: Error!void) i32 {
+            if (result) |_| return 0 else |err| return report.status(err);
+        }
+
+        fn epick_abi_version() callconv(.c) i32 {
+            return abi_version;
+        }
+
+        fn alloc(len: usize) callconv(.c) usize {
+            const buf = gpa.alignedAlloc(u8, .@"16", @max(len, 1)) catch return 0;
+            return @intFromPtr(buf.ptr);
+        }
+
+        fn error_ptr() callconv(.c) usize {
+            return report.ptr();
+        }
+
+        fn error_len() callconv(.c) usize {
+            return report.length();
+        }
+
+        fn output_ptr() callconv(.c) usize {
+            return @intFromPtr(output.items.ptr);
+        }
+
+        fn output_len() callconv(.c) usize {
+            return output.items.len;
+        }
+
+        fn doInit(bytes: []const u8) Error!void {
+            initialised = false;
+            _ = params_arena.reset(.free_all);
+            have_snapshot = false;
+            seen_version = null;
+            for (&snap_arenas) |*a| _ = a.reset(.free_all);
+            current = try params.decode(Params, bytes, params_arena.allocator());
+            if (@hasDecl(P, "init")) try P.init(&current);
+            initialised = true;
+        }
+
+        fn init(ptr: usize, len: usize) callconv(.c) i32 {
+            begin();
+            return guard(doInit(bytesAt(ptr, len)));
+        }
+
+        fn needInit() Error!void {
+            if (!initialised) return report.fail("init has not succeeded yet (call init with the params first)", .{});
+        }
+
+        fn noticeSnapshot(snap: *const abi.Snapshot, always: bool) Error!void {
+            if (!always) {
+                if (seen_version) |v| if (v == snap.version) return;
+            }
+            if (@hasDecl(P, "onSnapshot")) try P.onSnapshot(snap);
+            seen_version = snap.version;
+        }
+
+        fn doSetSnapshot(bytes: []const u8) Error!void {
+            try needInit();
+            const next = 1 - snap_live;
+            _ = snap_arenas[next].reset(.retain_capacity);
+            var r = Reader.init(bytes);
+            const snap = try abi.decodeSnapshot(&r, .{ .arena = snap_arenas[next].allocator(), .copy = true });
+            try abi.expectEnd(&r, "snapshot");
+            snaps[next] = snap;
+            try noticeSnapshot(&snaps[next], true);
+            snap_live = next;
+            have_snapshot = true;
+        }
+
+        fn set_snapshot(ptr: usize, len: usize) callconv(.c) i32 {
+            begin();
+            return guard(doSetSnapshot(bytesAt(ptr, len)));
+        }
+
+        fn decodeCtx(bytes: []const u8) Error!abi.ScoreCtx {
+            try needInit();
+            var r = Reader.init(bytes);
+            const strings: abi.Strings = .{ .arena = scratch(), .copy = false };
+            const head = try abi.decodeScoreInputHead(&r);
+            var snap: *const abi.Snapshot = undefined;
+            if (head.snapshot_nil) {
+                if (!have_snapshot) return report.fail("ScoreInput.snapshot is nil but no snapshot was set (call set_snapshot first)", .{});
+                snap = &snaps[snap_live];
+            } else {
+                const s = try scratch().create(abi.Snapshot);
+                s.* = try abi.decodeSnapshot(&r, strings);
+                try noticeSnapshot(s, false);
+                snap = s;
+            }
+            const ctx = try abi.decodeScoreInputTail(&r, strings, head, snap);
+            try abi.expectEnd(&r, "ScoreInput");
+            return ctx;
+        }
+
+        fn doScore(bytes: []const u8, out_ptr: usize) Error!void {
+            const ctx = try decodeCtx(bytes);
+            const out = try scratch().alloc(f64, ctx.candidates.len);
+            try P.score(&ctx, out);
+            // The host's buffer need not be 8-aligned: copy bytes.
+            if (out.len > 0) @memcpy(@as([*]u8, @ptrFromInt(out_ptr))[0 .. out.len * 8], std.mem.sliceAsBytes(out));
+        }
+
+        fn score(ptr: usize, len: usize, out_ptr: usize) callconv(.c) i32 {
+            begin();
+            return guard(doScore(bytesAt(ptr, len), out_ptr));
+        }
+
+        fn doFilter(bytes: []const u8, out_ptr: usize) Error!void {
+            const ctx = try decodeCtx(bytes);
+            const keep = try scratch().alloc(u8, ctx.candidates.len);
+            @memset(keep, 1);
+            try P.filter(&ctx, keep);
+            if (keep.len > 0) @memcpy(@as([*]u8, @ptrFromInt(out_ptr))[0..keep.len], keep);
+        }
+
+        fn filter(ptr: usize, len: usize, out_ptr: usize) callconv(.c) i32 {
+            begin();
+            return guard(doFilter(bytesAt(ptr, len), out_ptr));
+        }
+
+        fn doPreRequest(bytes: []const u8) Error!void {
+            try needInit();
+            var r = Reader.init(bytes);
+            const ev = try abi.decodePreRequest(&r, .{ .arena = scratch(), .copy = false });
+            try abi.expectEnd(&r, "PreRequestEvent");
+            try P.preRequest(&ev);
+        }
+
+        fn pre_request(ptr: usize, len: usize) callconv(.c) i32 {
+            begin();
+            return guard(doPreRequest(bytesAt(ptr, len)));
+        }
+
+        fn doPostResponse(bytes: []const u8) Error!void {
+            try needInit();
+            var r = Reader.init(bytes);
+            const ev = try abi.decodePostResponse(&r, .{ .arena = scratch(), .copy = false });
+            try abi.expectEnd(&r, "PostResponseEvent");
+            try P.postResponse(&ev);
+        }
+
+        fn post_response(ptr: usize, len: usize) callconv(.c) i32 {
+            begin();
+            return guard(doPostResponse(bytesAt(ptr, len)));
+        }
+
+        fn doDescribe() Error!void {
+            output.clearRetainingCapacity();
+            var w: Writer = .{ .list = &output, .gpa = gpa };
+            try w.mapHeader(4);
+            try w.str("name");
+            try w.str(P.name);
+            try w.str("version");
+            try w.str(version);
+            try w.str("kind");
+            try w.str(kind);
+            try w.str("params");
+            const defaults: Params = .{};
+            try params.write(Params, &defaults, &w);
+        }
+
+        fn describe() callconv(.c) i32 {
+            begin();
+            return guard(doDescribe());
+        }
+
+        fn doExportState() Error!void {
+            try needInit();
+            output.clearRetainingCapacity();
+            var w: Writer = .{ .list = &output, .gpa = gpa };
+            try P.exportState(&w);
+        }
+
+        fn export_state() callconv(.c) i32 {
+            begin();
+            return guard(doExportState());
+        }
+
+        fn doImportState(bytes: []const u8) Error!void {
+            try needInit();
+            var r = Reader.init(bytes);
+            P.importState(&r) catch |err| {
+                // ABI: a failed import leaves the policy freshly initialised. Keep the
+                // import's message, not the re-init's.
+                const saved_len = report.length();
+                var saved: [1024]u8 = undefined;
+                @memcpy(saved[0..saved_len], @as([*]const u8, @ptrFromInt(report.ptr()))[0..saved_len]);
+                if (@hasDecl(P, "init")) P.init(&current) catch {};
+                return restore(saved[0..saved_len], err);
+            };
+            if (!r.atEnd()) {
+                if (@hasDecl(P, "init")) P.init(&current) catch {};
+                return report.fail("{d} unexpected bytes after the state at byte {d}", .{ r.buf.len - r.pos, r.pos });
+            }
+        }
+
+        fn restore(msg: []const u8, err: Error) Error {
+            if (err == error.OutOfMemory) return err;
+            return report.fail("{s}", .{msg});
+        }
+
+        fn import_state(ptr: usize, len: usize) callconv(.c) i32 {
+            begin();
+            return guard(doImportState(bytesAt(ptr, len)));
+        }
+    };
+}

@@ -1,0 +1,46 @@
+"""Payload builders for the policy tests, and the runtime's error types.
+
+So each test states its pool and request in one line: ``score_input(snap([ep("a", waiting=3)]))``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from epick import abi
+
+try:  # the real runtime; the private harness only until it lands
+    from epick.runtime import PolicyCallError, PolicyLoadError
+except ImportError:  # pragma: no cover
+    from _policy_harness import PolicyCallError
+
+    PolicyLoadError = PolicyCallError  # type: ignore[misc]
+
+__all__ = ["PolicyCallError", "PolicyLoadError", "ep", "snap", "score_input", "pre", "post"]
+
+
+def ep(address: str, **fields) -> abi.EndpointMetrics:
+    return abi.EndpointMetrics(address=address, **fields)
+
+
+def snap(endpoints: Iterable[abi.EndpointMetrics], *, version: int = 1, timestamp_ms: int = 0) -> abi.Snapshot:
+    return abi.Snapshot(version=version, timestamp_ms=timestamp_ms, endpoints=tuple(endpoints))
+
+
+def score_input(snapshot: abi.Snapshot | None, candidates: Iterable[int] | None = None, **request) -> bytes:
+    """A ScoreInput; candidates default to every endpoint of ``snapshot``."""
+    if candidates is None:
+        candidates = range(len(snapshot.endpoints)) if snapshot is not None else ()
+    return abi.encoder.encode(
+        abi.ScoreInput(snapshot=snapshot, request=abi.Request(**request), candidates=tuple(candidates))
+    )
+
+
+def pre(endpoint: str, timestamp_ms: int = 0, **request) -> bytes:
+    return abi.encoder.encode(
+        abi.PreRequestEvent(request=abi.Request(**request), endpoint=endpoint, timestamp_ms=timestamp_ms)
+    )
+
+
+def post(endpoint: str, timestamp_ms: int = 0, **fields) -> bytes:
+    return abi.encoder.encode(abi.PostResponseEvent(endpoint=endpoint, timestamp_ms=timestamp_ms, **fields))
