@@ -1,0 +1,75 @@
+"""telemetry: the service's metrics live in their own registry and are served over HTTP."""
+
+from __future__ import annotations
+
+import httpx
+import prometheus_client
+import pytest
+
+from epick import telemetry
+
+EXPECTED = {
+    "epick_pick_latency_seconds": ("histogram", ("stage",)),
+    "epick_policy_score_latency_seconds": ("histogram", ("policy",)),
+    "epick_picks": ("counter", ("outcome",)),
+    "epick_policy_errors": ("counter", ("policy", "kind")),
+    "epick_scrape_errors": ("counter", ("endpoint", "reason")),
+    "epick_endpoint_fresh": ("gauge", ("endpoint",)),
+    "epick_endpoint_scrape_age_seconds": ("gauge", ("endpoint",)),
+    "epick_snapshot_rebuilds": ("counter", ()),
+    "epick_snapshot_endpoints": ("gauge", ()),
+    "epick_shadow_agreement": ("counter", ("policy", "agree")),
+    "epick_shadow_score_delta": ("histogram", ("policy",)),
+}
+
+
+def test_every_service_metric_is_declared_with_its_type_and_labels():
+    declared = {
+        metric._name: (metric._type, tuple(metric._labelnames))  # noqa: SLF001
+        for name in telemetry.__all__
+        if isinstance(metric := getattr(telemetry, name), prometheus_client.metrics.MetricWrapperBase)
+    }
+    assert declared == EXPECTED
+
+
+def test_service_metrics_are_in_the_dedicated_registry_only():
+    ours = {m.name for m in telemetry.REGISTRY.collect()}
+    assert ours == set(EXPECTED)
+    default = {m.name for m in prometheus_client.REGISTRY.collect()}
+    assert not ours & default
+
+
+def test_pick_latency_buckets_resolve_microseconds():
+    telemetry.PICK_LATENCY.labels("filter").observe(7e-6)
+    assert telemetry.REGISTRY.get_sample_value(
+        "epick_pick_latency_seconds_bucket", {"stage": "filter", "le": "1e-05"}
+    ) >= 1
+
+
+def test_forget_endpoint_drops_every_series_of_that_endpoint_only():
+    telemetry.ENDPOINT_FRESH.labels("gone:1").set(1)
+    telemetry.ENDPOINT_SCRAPE_AGE.labels("gone:1").set(0.5)
+    telemetry.SCRAPE_ERRORS.labels("gone:1", "timeout").inc()
+    telemetry.SCRAPE_ERRORS.labels("gone:1", "parse").inc()
+    telemetry.ENDPOINT_FRESH.labels("stays:1").set(1)
+    telemetry.forget_endpoint("gone:1")
+    get = telemetry.REGISTRY.get_sample_value
+    assert get("epick_endpoint_fresh", {"endpoint": "gone:1"}) is None
+    assert get("epick_endpoint_scrape_age_seconds", {"endpoint": "gone:1"}) is None
+    assert get("epick_scrape_errors_total", {"endpoint": "gone:1", "reason": "timeout"}) is None
+    assert get("epick_scrape_errors_total", {"endpoint": "gone:1", "reason": "parse"}) is None
+    assert get("epick_endpoint_fresh", {"endpoint": "stays:1"}) == 1
+    telemetry.forget_endpoint("never-seen:1")  # harmless
+
+
+def test_metrics_server_serves_the_registry_on_a_free_port_until_closed():
+    telemetry.PICKS.labels("shed").inc()
+    server = telemetry.start_metrics_server("127.0.0.1", 0)
+    try:
+        assert server.port > 0
+        body = httpx.get(server.url).text
+        assert 'epick_picks_total{outcome="shed"}' in body
+    finally:
+        server.close()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(server.url)
