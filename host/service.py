@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from pathlib import Path
 
 import anyio
@@ -223,7 +224,10 @@ class Service:
                 tg.start_soon(self._health_loop)
                 if self.config_path is not None:
                     tg.start_soon(self._watch_config)
-                    tg.start_soon(self._watch_sighup)
+                    # Signal handlers can only be installed from the main thread (tests
+                    # run the service in a thread of its own; they use the file watcher).
+                    if threading.current_thread() is threading.main_thread():
+                        tg.start_soon(self._watch_sighup)
                 if self.config.runtime.policy_dir:
                     tg.start_soon(self._watch_policy_dir)
                 await self._update_health()

@@ -65,16 +65,30 @@ def test_a_broken_config_edit_is_refused_and_the_old_one_keeps_serving(fake_vllm
         assert svc.call(lambda: svc.service.manager.names()) == ["load"]
 
 
-def test_sighup_reloads_the_config(fake_vllm, tmp_path):
-    a, b = fake_vllm(vllm_page()), fake_vllm(vllm_page())
+def test_sighup_reloads_the_config_of_a_running_epick_serve(fake_vllm, tmp_path):
+    a, b = fake_vllm(vllm_page(waiting=4)), fake_vllm(vllm_page(waiting=0))
     path = tmp_path / "epick.toml"
     path.write_text(config_text([a.address], tmp=tmp_path))
-    with running(cfg.load(path), config_path=path) as svc:
-        # Replace the file behind the watcher's back is not needed: SIGHUP alone reloads.
-        svc.call(lambda: setattr(svc.service, "config_path", path))
-        path.write_text(config_text([a.address, b.address], tmp=tmp_path))
-        os.kill(os.getpid(), signal.SIGHUP)
-        assert wait_for(lambda: endpoints_of(svc) == {a.address, b.address})
+    proc = subprocess.Popen([sys.executable, "-m", "epick.cli", "serve", "--config", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        target = proc.stdout.readline().rsplit(" ", 1)[1].strip()
+        with grpc.insecure_channel(target) as ch:
+            from epick.api.gen.epick.v1 import picker_pb2_grpc
+
+            stub = picker_pb2_grpc.EndpointPickerStub(ch)
+            assert stub.Pick(pb.PickRequest(model="m")).endpoint == a.address
+            # Rewrite the file atomically (rename), then signal: SIGHUP alone must reload.
+            tmp = tmp_path / "new.toml"
+            tmp.write_text(config_text([a.address, b.address], tmp=tmp_path))
+            os.replace(tmp, path)
+            proc.send_signal(signal.SIGHUP)
+            assert wait_for(lambda: stub.Pick(pb.PickRequest(model="m")).endpoint == b.address)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_grpcurl_lists_and_calls_pick_with_reflection_alone(fake_vllm, serve):
