@@ -10,13 +10,32 @@ output is discarded — the only way such a policy ever sees a snapshot.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
 from epick import abi
 
-__all__ = ["Driver", "exports"]
+__all__ = ["Driver", "exports", "encode", "encode_with_future_fields", "FUTURE_FIELDS"]
 
-_encode = abi.encoder.encode
+encode = abi.encoder.encode
+
+#: Trailing elements a later ABI version might append to every payload array: one of
+#: each msgpack type, nested ones included. A conforming policy skips them.
+FUTURE_FIELDS: tuple = ("future-field", 42, -7, 1.5, True, None, [1, "x", [2]], {"k": {"v": 1}}, b"\x00\xff")
+
+
+def _with_future_fields(obj):
+    if isinstance(obj, msgspec.Struct):
+        fields = [_with_future_fields(getattr(obj, f)) for f in obj.__struct_fields__]
+        return fields + list(FUTURE_FIELDS)
+    if isinstance(obj, (tuple, list)):
+        return [_with_future_fields(x) for x in obj]
+    return obj
+
+
+def encode_with_future_fields(payload: msgspec.Struct) -> bytes:
+    """``payload`` encoded with :data:`FUTURE_FIELDS` appended to every array in it."""
+    return encode(_with_future_fields(payload))
 
 
 def exports(instance) -> frozenset[str]:
@@ -27,22 +46,27 @@ def exports(instance) -> frozenset[str]:
 class Driver:
     """One policy instance plus the host's delivery rules; see the module docstring."""
 
-    def __init__(self, instance) -> None:
+    def __init__(self, instance, *, encode=encode, inline: bool = False) -> None:
+        """``encode`` turns payload Structs into bytes; ``inline=True`` never uses
+        ``set_snapshot`` (to compare both delivery paths)."""
         self.instance = instance
+        self._encode = encode
         names = exports(instance)
-        self.resident = "set_snapshot" in names
+        self.resident = "set_snapshot" in names and not inline
         self.can_score = "score" in names
         self.can_filter = "filter" in names
+        self.has_pre_request = "pre_request" in names
+        self.has_post_response = "post_response" in names
         self._snapshot: abi.Snapshot | None = None
 
     def snapshot(self, snap: abi.Snapshot) -> None:
         """Deliver ``snap`` now (``set_snapshot``, or a discarded call over all endpoints)."""
         self._snapshot = snap
         if self.resident:
-            self.instance.set_snapshot(_encode(snap))
+            self.instance.set_snapshot(self._encode(snap))
             return
         everyone = tuple(range(len(snap.endpoints)))
-        blob = _encode(abi.ScoreInput(snapshot=snap, request=abi.Request(), candidates=everyone))
+        blob = self._encode(abi.ScoreInput(snapshot=snap, request=abi.Request(), candidates=everyone))
         if self.can_score:
             self.instance.score(blob, len(everyone))
         else:
@@ -54,9 +78,19 @@ class Driver:
         if self.resident:
             if self._snapshot is not snap:
                 self.snapshot(snap)
-            return _encode(abi.ScoreInput(snapshot=None, request=request, candidates=candidates))
+            return self._encode(abi.ScoreInput(snapshot=None, request=request, candidates=candidates))
         self._snapshot = snap
-        return _encode(abi.ScoreInput(snapshot=snap, request=request, candidates=candidates))
+        return self._encode(abi.ScoreInput(snapshot=snap, request=request, candidates=candidates))
+
+    def forget_snapshot(self) -> None:
+        """Deliver the next snapshot again even if unchanged (after ``init`` reset it)."""
+        self._snapshot = None
+
+    def call(self, snap: abi.Snapshot, request: abi.Request, candidates) -> np.ndarray:
+        """``score`` when the policy exports it, else ``filter``."""
+        if self.can_score:
+            return self.score(snap, request, candidates)
+        return self.filter(snap, request, candidates)
 
     def score(self, snap: abi.Snapshot, request: abi.Request, candidates) -> np.ndarray:
         candidates = tuple(candidates)
@@ -69,7 +103,12 @@ class Driver:
         return np.asarray(self.instance.filter(blob, len(candidates)), dtype=bool)
 
     def pre_request(self, event: abi.PreRequestEvent) -> None:
-        self.instance.pre_request(_encode(event))
+        """Deliver ``event`` — unless the policy does not export ``pre_request`` (the host
+        would not call it either)."""
+        if self.has_pre_request:
+            self.instance.pre_request(self._encode(event))
 
     def post_response(self, event: abi.PostResponseEvent) -> None:
-        self.instance.post_response(_encode(event))
+        """Deliver ``event`` if the policy exports ``post_response``."""
+        if self.has_post_response:
+            self.instance.post_response(self._encode(event))

@@ -1,0 +1,519 @@
+"""Properties every policy must meet, whatever its kind (policies/ABI.md's contract).
+
+Each property is a function ``(Probe) -> CaseResult`` named ``property/<what>``:
+
+    one-result-per-candidate   exactly one finite score in [0, 1] (or one keep byte) each
+    deterministic              same calls, same outputs: twice in a row, on two instances
+    candidate-counts           0, 1 and 1,024 candidates
+    ignores-future-fields      extra trailing elements in every payload array change nothing
+    resident-matches-inline    set_snapshot + nil gives what an inline snapshot gives
+    bad-input-is-an-error      garbage / truncated / out-of-range input: PolicyCallError,
+                               never a trap, and the instance keeps working
+    bad-params-are-refused     an unknown or ill-typed param: init refuses, naming the key
+    time-budget                the heaviest inputs (1,024 endpoints, the longest prompt) never
+                               hit the runtime's per-call deadline
+    memory-stable              linear memory does not grow from call 1,000 to call 10,000
+    reinit-resets-state        init after a history gives a fresh instance's outputs
+
+They run with the params the policy will go live with, on a fixed, generated "probe"
+pool (:func:`probe_snapshot`), so every run makes the same calls.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import msgspec
+import numpy as np
+
+from epick import abi
+from epick.conformance.driver import Driver, encode, encode_with_future_fields
+from epick.conformance.report import CaseResult
+from epick.runtime.errors import PolicyCallError, PolicyError, PolicyLoadError, PolicyTimeout
+
+__all__ = ["PROPERTIES", "Probe", "probe_snapshot", "run_properties"]
+
+_ADAPTERS = ("a0", "a1", "a2", "a3", "a4", "a5")
+#: ~20 KiB of prompt: more than 256 blocks of 64 bytes (the default block cap), with
+#: multi-byte UTF-8 in it.
+_LONG_PROMPT = "".join(f"line {i}: ünïcode, tokens & more tokens. " for i in range(500))
+_PROMPT = _LONG_PROMPT[:700]
+
+PROBE_REQUESTS = (
+    abi.Request(request_id="p1", model="m", adapter="a1", prompt=_PROMPT, seed=7),
+    abi.Request(
+        request_id="p2", model="m", prompt=_PROMPT[:300], criticality=abi.Criticality.CRITICAL,
+        seed=8,
+    ),
+    abi.Request(
+        request_id="p3", model="m", adapter="a4", prompt="short", seed=2**64 - 1,
+        criticality=abi.Criticality.SHEDDABLE, cache_salt="tenant", headers={"x-k": "v"},
+    ),
+)
+
+
+def _addr(i: int) -> str:
+    """The address of the probe pool's endpoint ``i`` (stable across versions)."""
+    return f"10.0.{i // 250}.{i % 250}:8000"
+
+
+def probe_snapshot(n: int, *, version: int = 1, timestamp_ms: int = 1_000) -> abi.Snapshot:
+    """A pool of ``n`` endpoints with varied load and adapters (same ``n``, same pool)."""
+    eps = []
+    for i in range(n):
+        shift = version + i
+        eps.append(
+            abi.EndpointMetrics(
+                address=_addr(i),
+                waiting=(shift * 7) % 13,
+                running=(shift * 3) % 11,
+                kv_usage=((shift * 37) % 101) / 100,
+                running_adapters=_ADAPTERS[i % 4 : i % 4 + i % 3],
+                waiting_adapters=_ADAPTERS[(i + 2) % 6 : (i + 2) % 6 + (i // 3) % 2],
+                max_lora=i % 5,
+                num_gpu_blocks=1000 + i,
+                block_size=16,
+            )
+        )
+    return abi.Snapshot(version=version, timestamp_ms=timestamp_ms, endpoints=tuple(eps))
+
+
+@dataclass
+class Probe:
+    """The module under test, the params it goes live with, and fresh instances of it."""
+
+    module: object
+    params: dict
+
+    def driver(self, **kw) -> Driver:
+        return Driver(self.module.instantiate(self.params), **kw)
+
+    def script(self, d: Driver) -> list[np.ndarray]:
+        """The standard call sequence: 3 snapshots, scores/filters, hooks. Its outputs."""
+        out: list[np.ndarray] = []
+        for v, ts in ((1, 1_000), (2, 2_500), (3, 4_000)):
+            snap = probe_snapshot(16, version=v, timestamp_ms=ts)
+            for req in PROBE_REQUESTS:
+                out.append(d.call(snap, req, range(16)))
+                out.append(d.call(snap, req, (4, 3, 2, 1, 0)))
+            for k, req in enumerate(PROBE_REQUESTS):
+                ev = abi.PreRequestEvent(request=req, endpoint=_addr(k * v), timestamp_ms=ts + 1)
+                d.pre_request(ev)
+            d.post_response(
+                abi.PostResponseEvent(
+                    request_id="p2", endpoint=_addr(2 * v), timestamp_ms=ts + 2, model="m"
+                )
+            )
+        return out
+
+
+def _result(name: str, ok: bool, expected: str, got: str, why: str, t0: float) -> CaseResult:
+    return CaseResult(
+        name=f"property/{name}",
+        expected=expected,
+        got=got,
+        verdict="pass" if ok else "fail",
+        why=why if ok else f"property/{name}: {why}",
+        group="property",
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _same(a: list[np.ndarray], b: list[np.ndarray]) -> int | None:
+    """Index of the first differing output (bitwise for floats), or None."""
+    if len(a) != len(b):
+        return min(len(a), len(b))
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.shape != y.shape or not np.array_equal(x, y, equal_nan=True):
+            return i
+    return None
+
+
+def _bad_values(out: np.ndarray, n: int) -> str | None:
+    if len(out) != n:
+        return f"{len(out)} results for {n} candidates"
+    if out.dtype == np.bool_:
+        return None
+    bad = ~np.isfinite(out) | (out < 0) | (out > 1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        return f"candidate {i} scored {out[i]!r} (not a finite number in [0, 1])"
+    return None
+
+
+# ------------------------------------------------------------------------ properties
+
+
+def one_result_per_candidate(p: Probe) -> CaseResult:
+    t0 = time.perf_counter()
+    d = p.driver()
+    checked = 0
+    for n in (1, 2, 5, 64):
+        snap = probe_snapshot(n)
+        for req in PROBE_REQUESTS:
+            out = d.call(snap, req, range(n))
+            checked += 1
+            bad = _bad_values(out, n)
+            if bad:
+                return _result(
+                    "one-result-per-candidate", False, "n results in [0, 1]", bad,
+                    f"{n} candidates, request {req.request_id}: {bad}", t0,
+                )
+    outs = p.script(d)
+    for i, out in enumerate(outs):
+        bad = _bad_values(out, len(out))
+        if bad:
+            return _result(
+                "one-result-per-candidate", False, "results in [0, 1]", bad,
+                f"probe script call {i}: {bad}", t0,
+            )
+    return _result(
+        "one-result-per-candidate", True, "n results in [0, 1]", f"{checked + len(outs)} calls ok",
+        "one finite result in [0, 1] per candidate", t0,
+    )
+
+
+def deterministic(p: Probe) -> CaseResult:
+    t0 = time.perf_counter()
+    a, b = p.driver(), p.driver()
+    snap = probe_snapshot(16)
+    twice = [a.call(snap, PROBE_REQUESTS[0], range(16)) for _ in range(2)]
+    if not np.array_equal(twice[0], twice[1]):
+        return _result(
+            "deterministic", False, "same output", "changed",
+            f"the same call twice in a row gave {twice[0]} then {twice[1]}", t0,
+        )
+    first = _same(p.script(a), p.script(b))
+    if first is not None:
+        return _result(
+            "deterministic", False, "same outputs", f"call {first} differs",
+            f"two instances given the same calls differ at probe call {first}", t0,
+        )
+    return _result(
+        "deterministic", True, "same outputs", "same", "same calls, same outputs", t0
+    )
+
+
+def candidate_counts(p: Probe) -> CaseResult:
+    t0 = time.perf_counter()
+    d = p.driver()
+    got = []
+    for n_endpoints, candidates in ((8, ()), (8, (5,)), (1024, tuple(range(1024)))):
+        snap = probe_snapshot(n_endpoints)
+        try:
+            out = d.call(snap, PROBE_REQUESTS[0], candidates)
+        except PolicyError as exc:
+            return _result(
+                "candidate-counts", False, "0, 1, 1024 results", f"{len(candidates)}: error",
+                f"{len(candidates)} candidates: {exc}", t0,
+            )
+        bad = _bad_values(out, len(candidates))
+        if bad:
+            return _result(
+                "candidate-counts", False, "0, 1, 1024 results", bad,
+                f"{len(candidates)} candidates: {bad}", t0,
+            )
+        got.append(str(len(out)))
+    return _result(
+        "candidate-counts", True, "0, 1, 1024 results", ", ".join(got),
+        "works with 0, 1 and 1,024 candidates", t0,
+    )
+
+
+def ignores_future_fields(p: Probe) -> CaseResult:
+    t0 = time.perf_counter()
+    plain = p.script(p.driver())
+    future = p.script(p.driver(encode=encode_with_future_fields))
+    first = _same(plain, future)
+    if first is not None:
+        return _result(
+            "ignores-future-fields", False, "same outputs", f"call {first} differs",
+            f"with unknown trailing fields in every payload, probe call {first} gave "
+            f"{future[first]} instead of {plain[first]}", t0,
+        )
+    return _result(
+        "ignores-future-fields", True, "same outputs", "same",
+        "unknown trailing snapshot/endpoint/request/event fields are ignored", t0,
+    )
+
+
+def resident_matches_inline(p: Probe) -> CaseResult:
+    t0 = time.perf_counter()
+    resident = p.driver()
+    if not resident.resident:
+        return _result(
+            "resident-matches-inline", True, "n/a", "n/a",
+            "the policy does not export set_snapshot: snapshots always come inline", t0,
+        )
+    a = p.script(resident)
+    b = p.script(p.driver(inline=True))
+    first = _same(a, b)
+    if first is not None:
+        return _result(
+            "resident-matches-inline", False, "same outputs", f"call {first} differs",
+            f"probe call {first}: set_snapshot + nil gave {a[first]}, the inline snapshot "
+            f"{b[first]}", t0,
+        )
+    return _result(
+        "resident-matches-inline", True, "same outputs", "same",
+        "a resident snapshot scores like an inline one", t0,
+    )
+
+
+def _bad_inputs(valid: bytes) -> Iterable[tuple[str, bytes]]:
+    yield "empty input", b""
+    yield "the never-used msgpack byte 0xc1", b"\xc1"
+    yield "a msgpack map instead of an array", encode({"snapshot": None})
+    yield "a bare integer", encode(5)
+    rng = random.Random(6)
+    for i in range(4):
+        yield f"random bytes #{i}", bytes(rng.randrange(256) for _ in range(8 + 40 * i))
+    for cut in sorted({1, 2, len(valid) // 4, len(valid) // 2, len(valid) - 1}):
+        yield f"the valid input cut to {cut} of {len(valid)} bytes", valid[:cut]
+    yield "the valid input with a garbage byte appended", valid + b"\xc1"
+    flipped = bytearray(valid)
+    flipped[0] = 0x91  # array header claiming 1 element
+    yield "the valid input with its array header changed", bytes(flipped)
+
+
+def bad_input_is_an_error(p: Probe) -> CaseResult:
+    t0 = time.perf_counter()
+    d = p.driver()
+    snap = probe_snapshot(8)
+    req = PROBE_REQUESTS[0]
+    before = d.call(snap, req, range(8))
+    inst = d.instance
+    score_input = encode(abi.ScoreInput(snapshot=snap, request=req, candidates=tuple(range(8))))
+    run = inst.score if d.can_score else inst.filter
+    call = "score" if d.can_score else "filter"
+    cases: list[tuple[str, Callable[[], object]]] = []
+    for label, blob in _bad_inputs(score_input):
+        cases.append((f"{call}: {label}", lambda blob=blob: run(blob, 8)))
+    for label, cands in (
+        ("candidate index 8 of 8 endpoints", (0, 8)),
+        ("candidate index -1", (0, -1)),
+    ):
+        blob = encode([snap, req, list(cands)])
+        cases.append((f"{call}: {label}", lambda blob=blob, n=len(cands): run(blob, n)))
+    blob = encode([snap, req, ["x"]])
+    cases.append((f"{call}: a string candidate", lambda blob=blob: run(blob, 1)))
+    blob = encode([snap, "not a request", [0]])
+    cases.append((f"{call}: a string request", lambda blob=blob: run(blob, 1)))
+    hooks = [
+        ("pre_request", encode(abi.PreRequestEvent(request=req, endpoint=_addr(0), timestamp_ms=5))),
+        ("post_response", encode(abi.PostResponseEvent(request_id="p1", endpoint=_addr(0)))),
+    ]
+    if d.resident:
+        hooks.append(("set_snapshot", encode(snap)))
+    for export, valid in hooks:
+        if not inst.has(export):
+            continue
+        fn = getattr(inst, export)
+        for label, blob in _bad_inputs(valid):
+            cases.append((f"{export}: {label}", lambda fn=fn, blob=blob: fn(blob)))
+
+    wrong: list[str] = []
+    for label, fn in cases:
+        try:
+            fn()
+        except PolicyCallError:
+            continue
+        except PolicyError as exc:
+            wrong.append(f"{label} -> {type(exc).__name__}: {exc.detail}")
+            d = p.driver()  # a trapped instance is not to be trusted; go on with a fresh one
+            inst = d.instance
+            run = inst.score if d.can_score else inst.filter
+            d.call(snap, req, range(8))
+            continue
+        wrong.append(f"{label} -> accepted (no error)")
+    if not wrong:
+        d.forget_snapshot()
+        after = d.call(snap, req, range(8))
+        if not np.array_equal(before, after):
+            wrong.append(f"after the bad inputs the same call gives {after}, before {before}")
+    expected = f"PolicyCallError for each of {len(cases)} bad inputs"
+    if wrong:
+        return _result(
+            "bad-input-is-an-error", False, expected, f"{len(wrong)} wrong",
+            f"{len(wrong)} of {len(cases)} bad inputs were not a clean error: "
+            + "; ".join(wrong[:5]) + ("; …" if len(wrong) > 5 else ""), t0,
+        )
+    return _result(
+        "bad-input-is-an-error", True, expected, "all errors",
+        f"{len(cases)} garbage/truncated inputs each gave PolicyCallError; the instance "
+        "kept working", t0,
+    )
+
+
+def bad_params_are_refused(p: Probe) -> CaseResult:
+    t0 = time.perf_counter()
+    defaults = p.driver().instance.describe().params
+    trials = [("unknown param", {**p.params, "no_such_param_xq": 1}, "no_such_param_xq")]
+    if defaults:
+        key = sorted(defaults)[0]
+        trials.append((f"ill-typed param {key!r}", {**p.params, key: {"not": "a value"}}, key))
+    wrong = []
+    for label, params, key in trials:
+        try:
+            p.module.instantiate(params).close()
+        except PolicyLoadError as exc:
+            if key not in str(exc):
+                wrong.append(f"{label}: refused, but the message does not name {key!r}: {exc}")
+            continue
+        wrong.append(f"{label}: init accepted {key}={params[key]!r}")
+    if wrong:
+        return _result(
+            "bad-params-are-refused", False, "init refuses, naming the key",
+            f"{len(wrong)} wrong", "; ".join(wrong), t0,
+        )
+    return _result(
+        "bad-params-are-refused", True, "init refuses, naming the key", "refused",
+        "unknown and ill-typed params are refused by init, naming the key", t0,
+    )
+
+
+def time_budget(p: Probe) -> CaseResult:
+    t0 = time.perf_counter()
+    d = p.driver()
+    n = 1024
+    snap = probe_snapshot(n, timestamp_ms=10_000)
+    long_req = abi.Request(request_id="long", model="m", adapter="a1", prompt=_LONG_PROMPT)
+    worst: dict[str, float] = {}
+
+    def timed(label: str, fn: Callable[[], object]) -> None:
+        s = time.perf_counter()
+        fn()
+        worst[label] = max(worst.get(label, 0.0), time.perf_counter() - s)
+
+    try:
+        for rep in range(10):
+            snap_r = msgspec.structs.replace(snap, version=rep + 1, timestamp_ms=10_000 + 1_500 * rep)
+            if d.resident:
+                timed("set_snapshot", lambda: d.snapshot(snap_r))
+            timed(d.can_score and "score" or "filter", lambda: d.call(snap_r, long_req, range(n)))
+            if d.instance.has("pre_request"):
+                ev = abi.PreRequestEvent(request=long_req, endpoint=_addr(rep), timestamp_ms=snap_r.timestamp_ms)
+                timed("pre_request", lambda: d.pre_request(ev))
+            if d.instance.has("post_response"):
+                ev2 = abi.PostResponseEvent(request_id="long", adapter="a1", endpoint=_addr(rep))
+                timed("post_response", lambda: d.post_response(ev2))
+    except PolicyTimeout as exc:
+        return _result(
+            "time-budget", False, f"within {exc.budget_ms:g} ms", "timeout",
+            f"with {n} endpoints and a {len(_LONG_PROMPT.encode())}-byte prompt: {exc.detail}", t0,
+        )
+    seen = ", ".join(f"{k} {v * 1e6:.0f} µs" for k, v in worst.items())
+    return _result(
+        "time-budget", True, "no call past its deadline", "none",
+        f"heaviest inputs ({n} endpoints, {len(_LONG_PROMPT.encode())}-byte prompt) stayed "
+        f"within the runtime's deadline; slowest wall time seen: {seen}", t0,
+    )
+
+
+def _memory_bytes(instance) -> int:
+    return instance._memory.size
+
+
+def memory_stable(p: Probe, calls: int = 10_000, warmup: int = 1_000) -> CaseResult:
+    t0 = time.perf_counter()
+    d = p.driver()
+    inst = d.instance
+    n = 64
+    made = 0
+    at_warmup = None
+    version = 0
+    snap = probe_snapshot(n)
+    hooks = inst.has("pre_request") and inst.has("post_response")
+    while made < calls:
+        if made % 60 == 0:
+            version += 1
+            snap = msgspec.structs.replace(snap, version=version, timestamp_ms=1_000 + 250 * version)
+        for k, req in enumerate(PROBE_REQUESTS):
+            d.call(snap, req, range(n))
+            made += 1
+            if hooks:
+                rid = f"m{made}"
+                req_i = msgspec.structs.replace(req, request_id=rid)
+                d.pre_request(
+                    abi.PreRequestEvent(request=req_i, endpoint=_addr((made + k) % n), timestamp_ms=snap.timestamp_ms)
+                )
+                d.post_response(
+                    abi.PostResponseEvent(
+                        request_id=rid, adapter=req.adapter, endpoint=_addr((made + k) % n),
+                        timestamp_ms=snap.timestamp_ms, model=req.model,
+                    )
+                )
+                made += 2
+            if at_warmup is None and made >= warmup:
+                at_warmup = _memory_bytes(inst)
+    end = _memory_bytes(inst)
+    ok = end <= at_warmup
+    return _result(
+        "memory-stable", ok, f"{at_warmup} bytes after {warmup} calls",
+        f"{end} bytes after {made}",
+        f"linear memory {at_warmup} bytes after {warmup} calls, {end} after {made}"
+        + ("" if ok else f": grew by {end - at_warmup} bytes"), t0,
+    )
+
+
+def reinit_resets_state(p: Probe) -> CaseResult:
+    t0 = time.perf_counter()
+    fresh = p.script(p.driver())
+    d = p.driver()
+    used = p.script(d)
+    changed = _same(fresh, used) is not None
+    d.instance.init(p.params)
+    d.forget_snapshot()
+    again = p.script(d)
+    first = _same(fresh, again)
+    if first is not None:
+        return _result(
+            "reinit-resets-state", False, "a fresh instance's outputs", f"call {first} differs",
+            f"after init, probe call {first} gave {again[first]}, a fresh instance "
+            f"{fresh[first]}", t0,
+        )
+    note = "" if changed else " (the probe history did not change this policy's outputs)"
+    return _result(
+        "reinit-resets-state", True, "a fresh instance's outputs", "same",
+        "init after a history gives a fresh instance's outputs" + note, t0,
+    )
+
+
+PROPERTIES: tuple[Callable[[Probe], CaseResult], ...] = (
+    one_result_per_candidate,
+    deterministic,
+    candidate_counts,
+    ignores_future_fields,
+    resident_matches_inline,
+    bad_input_is_an_error,
+    bad_params_are_refused,
+    time_budget,
+    memory_stable,
+    reinit_resets_state,
+)
+
+
+def _name(fn: Callable) -> str:
+    return "property/" + fn.__name__.replace("_", "-")
+
+
+def run_properties(module, params: dict) -> list[CaseResult]:
+    """Every property, each isolated: one that errors does not stop the others."""
+    probe = Probe(module=module, params=dict(params))
+    out = []
+    for prop in PROPERTIES:
+        t0 = time.perf_counter()
+        try:
+            out.append(prop(probe))
+        except Exception as exc:  # a policy error outside the property's own checks
+            out.append(
+                CaseResult(
+                    name=_name(prop), expected="(no error)", got="(error)", verdict="error",
+                    why=f"{_name(prop)}: {type(exc).__name__}: {exc}", group="property",
+                    seconds=time.perf_counter() - t0,
+                )
+            )
+    return out
