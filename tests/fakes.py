@@ -12,8 +12,8 @@
         server.hits                 # requests answered or hung so far
         server.stop()               # kill it: the port refuses connections afterwards
 
-    Every answer closes its connection (HTTP/1.0), so ``stop()`` is final: no kept-alive
-    connection outlives the server.
+    Connections are kept alive (HTTP/1.1, as vLLM's uvicorn does); ``stop()`` shuts every
+    open connection down too, so no kept-alive connection outlives the server.
 
 ``vllm_page(...)``
     A realistic vLLM page: the gauges the pool reads plus histogram noise it must skip.
@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -95,16 +96,36 @@ class FakeVLLM:
         self.hang: bool = False
         self.hits: int = 0
         self._stopped = threading.Event()
+        self._connections: set[socket.socket] = set()
+        self._lock = threading.Lock()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
-            timeout = 10  # a silent client must not pin a handler thread forever
+            protocol_version = "HTTP/1.1"  # keep-alive
+            timeout = 10  # an idle kept-alive client must not pin a handler thread forever
+            # Headers and body go out in two writes: without this, Nagle + delayed ACK
+            # hold every kept-alive answer back ~40 ms.
+            disable_nagle_algorithm = True
+
+            def setup(self) -> None:
+                super().setup()
+                with fake._lock:
+                    fake._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with fake._lock:
+                    fake._connections.discard(self.connection)
+                try:
+                    super().finish()
+                except OSError:
+                    pass  # the client went away (e.g. gave up on a hung request)
 
             def do_GET(self) -> None:  # noqa: N802 (stdlib name)
                 fake.hits += 1
                 while fake.hang and not fake._stopped.is_set():
                     time.sleep(0.005)
                 if fake._stopped.is_set():
+                    self.close_connection = True
                     return  # killed mid-request: close without answering
                 status, body = fake.status, fake.page.encode()
                 if status != 200:
@@ -113,13 +134,21 @@ class FakeVLLM:
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.wfile.write(body)
+                except OSError:
+                    self.close_connection = True  # the client gave up waiting
 
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 pass  # keep test output clean
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = False  # stop() joins every handler
+        class Server(ThreadingHTTPServer):
+            daemon_threads = False  # stop() joins every handler
+
+            def handle_error(self, request: object, client_address: object) -> None:
+                pass  # a client hanging up mid-answer is expected here, not a test failure
+
+        self._server = Server(("127.0.0.1", 0), Handler)
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever,
@@ -141,7 +170,13 @@ class FakeVLLM:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self._server.shutdown()
+        self._server.shutdown()  # no new connections are accepted
+        with self._lock:
+            for conn in self._connections:  # end kept-alive connections: a real kill
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
         self._server.server_close()  # closes the listener, joins handler threads
         self._thread.join()
 
