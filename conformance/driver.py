@@ -14,6 +14,7 @@ import msgspec
 import numpy as np
 
 from epick import abi
+from epick.runtime.errors import PolicyTimeout
 
 __all__ = ["Driver", "exports", "encode", "encode_with_future_fields", "FUTURE_FIELDS"]
 
@@ -46,10 +47,16 @@ def exports(instance) -> frozenset[str]:
 class Driver:
     """One policy instance plus the host's delivery rules; see the module docstring."""
 
-    def __init__(self, instance, *, encode=encode, inline: bool = False) -> None:
+    def __init__(
+        self, instance, *, encode=encode, inline: bool = False, timeout_retries: int = 2
+    ) -> None:
         """``encode`` turns payload Structs into bytes; ``inline=True`` never uses
-        ``set_snapshot`` (to compare both delivery paths)."""
+        ``set_snapshot`` (to compare both delivery paths); ``timeout_retries``: see
+        :meth:`_call`."""
         self.instance = instance
+        self.timeout_retries = timeout_retries
+        self.timeouts = 0
+        """Calls that hit the deadline and were retried (or finally raised)."""
         self._encode = encode
         names = exports(instance)
         self.resident = "set_snapshot" in names and not inline
@@ -59,18 +66,34 @@ class Driver:
         self.has_post_response = "post_response" in names
         self._snapshot: abi.Snapshot | None = None
 
+    def _call(self, fn, *args):
+        """``fn(*args)``, retried when it hits the runtime's deadline.
+
+        The deadline is wall-clock time: on a shared machine a call that normally takes
+        a tenth of its budget can be descheduled past it. A call that times out
+        ``timeout_retries + 1`` times in a row is really over budget: that one raises.
+        """
+        for attempt in range(self.timeout_retries + 1):
+            try:
+                return fn(*args)
+            except PolicyTimeout:
+                self.timeouts += 1
+                if attempt == self.timeout_retries:
+                    raise
+        raise AssertionError("unreachable")
+
     def snapshot(self, snap: abi.Snapshot) -> None:
         """Deliver ``snap`` now (``set_snapshot``, or a discarded call over all endpoints)."""
         self._snapshot = snap
         if self.resident:
-            self.instance.set_snapshot(self._encode(snap))
+            self._call(self.instance.set_snapshot, self._encode(snap))
             return
         everyone = tuple(range(len(snap.endpoints)))
         blob = self._encode(abi.ScoreInput(snapshot=snap, request=abi.Request(), candidates=everyone))
         if self.can_score:
-            self.instance.score(blob, len(everyone))
+            self._call(self.instance.score, blob, len(everyone))
         else:
-            self.instance.filter(blob, len(everyone))
+            self._call(self.instance.filter, blob, len(everyone))
 
     def score_input(self, snap: abi.Snapshot, request: abi.Request, candidates) -> bytes:
         """The ``ScoreInput`` bytes for ``snap`` — delivering it first when resident."""
@@ -95,20 +118,20 @@ class Driver:
     def score(self, snap: abi.Snapshot, request: abi.Request, candidates) -> np.ndarray:
         candidates = tuple(candidates)
         blob = self.score_input(snap, request, candidates)
-        return np.asarray(self.instance.score(blob, len(candidates)), dtype=np.float64)
+        return np.asarray(self._call(self.instance.score, blob, len(candidates)), dtype=np.float64)
 
     def filter(self, snap: abi.Snapshot, request: abi.Request, candidates) -> np.ndarray:
         candidates = tuple(candidates)
         blob = self.score_input(snap, request, candidates)
-        return np.asarray(self.instance.filter(blob, len(candidates)), dtype=bool)
+        return np.asarray(self._call(self.instance.filter, blob, len(candidates)), dtype=bool)
 
     def pre_request(self, event: abi.PreRequestEvent) -> None:
         """Deliver ``event`` — unless the policy does not export ``pre_request`` (the host
         would not call it either)."""
         if self.has_pre_request:
-            self.instance.pre_request(self._encode(event))
+            self._call(self.instance.pre_request, self._encode(event))
 
     def post_response(self, event: abi.PostResponseEvent) -> None:
         """Deliver ``event`` if the policy exports ``post_response``."""
         if self.has_post_response:
-            self.instance.post_response(self._encode(event))
+            self._call(self.instance.post_response, self._encode(event))

@@ -72,12 +72,12 @@ class Report:
     def to_junit(self) -> ET.ElementTree:
         """The report as JUnit XML: one testsuite per group (vectors, properties)."""
         root = ET.Element("testsuites", name=f"epick conformance: {self.module}")
-        for group in ("vector", "property"):
+        for group, plural in (("vector", "vectors"), ("property", "properties")):
             rows = [c for c in self.cases if c.group == group]
             suite = ET.SubElement(
                 root,
                 "testsuite",
-                name=f"{self.kind}.{group}s",
+                name=f"{self.kind}.{plural}",
                 tests=str(len(rows)),
                 failures=str(sum(c.verdict == "fail" for c in rows)),
                 errors=str(sum(c.verdict == "error" for c in rows)),
@@ -87,7 +87,7 @@ class Report:
                 tc = ET.SubElement(
                     suite,
                     "testcase",
-                    classname=f"{self.kind}.{group}s",
+                    classname=f"{self.kind}.{plural}",
                     name=c.name,
                     time=f"{c.seconds:.6f}",
                 )

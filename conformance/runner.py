@@ -174,7 +174,10 @@ def run_case(module, loaded: LoadedCase) -> CaseResult:
     if diffs:
         why = f"{case.name}: " + "; ".join(diffs)
     else:
-        why = case.why(0) if isinstance(case.expect.why, str) else "as derived"
+        w = case.expect.why
+        why = w if isinstance(w, str) else "; ".join(
+            f"{case.candidate_indices[p]}: {text}" for p, text in enumerate(w)
+        )
     return CaseResult(
         name=case.name,
         expected=expected,
