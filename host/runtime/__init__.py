@@ -1,1 +1,54 @@
+"""The WASM policy runtime: compile, check, instantiate and call epick policy modules.
 
+::
+
+    rt = Runtime(Limits())                 # one Engine + one epoch ticker thread
+    mod = rt.compile(wasm, name="lora")    # checked against policies/ABI.md
+    validate(mod, params)                  # smoke-run before it goes live
+    plugin = WasmPolicy(mod, params)       # a scheduler plugin (epick.scheduler.framework)
+    ...
+    rt.close()
+
+Layers: :class:`Runtime` (Engine, ticker, artifact cache) -> :class:`PolicyModule`
+(compiled + checked) -> :class:`PolicyInstance` (one Store: raw ABI calls, fast ctypes
+path, raises :class:`PolicyError` subclasses) -> :class:`WasmPolicy` (the plugin: snapshot
+delivery, output checks, trap recovery, circuit breaker, stats; raises
+``framework.PluginError``).
+
+Threading rule: a wasmtime Store — so a PolicyInstance, and a WasmPolicy — is used by
+one thread at a time. The service runs every pick on its event-loop thread; a second
+thread calling into an instance mid-call gets a ``RuntimeError`` (never a corrupted
+Store). Engine, Runtime.compile and PolicyModule are thread-safe.
+"""
+
+from epick.runtime.errors import (
+    PolicyCallError,
+    PolicyError,
+    PolicyLoadError,
+    PolicyOutputError,
+    PolicyTimeout,
+    PolicyTrap,
+)
+from epick.runtime.instance import PolicyInstance
+from epick.runtime.limits import Limits
+from epick.runtime.module import PolicyModule
+from epick.runtime.runtime import Runtime
+
+__all__ = [
+    "Limits",
+    "Runtime",
+    "PolicyModule",
+    "PolicyInstance",
+    "WasmPolicy",
+    "validate",
+    "PolicyError",
+    "PolicyLoadError",
+    "PolicyCallError",
+    "PolicyTrap",
+    "PolicyTimeout",
+    "PolicyOutputError",
+]
+
+
+def __getattr__(name: str):  # placeholder until plugin/validate land
+    raise AttributeError(name)

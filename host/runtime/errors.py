@@ -1,0 +1,84 @@
+"""The runtime's exceptions: what can go wrong loading or calling a policy module.
+
+::
+
+    PolicyError                 base; .policy (module name), .export (or None)
+    ├── PolicyLoadError         the module cannot go live: not wasm, missing/ill-typed
+    │                           export, wrong ABI version, init refused its params,
+    │                           validation failed
+    ├── PolicyCallError         an export returned non-zero; .status, .message (the
+    │                           guest's own error text)
+    ├── PolicyTrap              the guest trapped (unreachable, out-of-bounds, stack
+    │                           overflow, memory cap reached…); .trap_code
+    ├── PolicyTimeout           the call ran past its epoch deadline; .budget_ms
+    └── PolicyOutputError       the guest's output is unusable: wrong count, NaN/inf,
+                                a keep byte that is not 0/1, undecodable describe
+
+Every message starts with ``policy '<name>':`` and names the export. After a
+:class:`PolicyTrap` or :class:`PolicyTimeout` the guest's state is whatever it was when
+it stopped: callers should re-instantiate (``WasmPolicy`` does).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PolicyError",
+    "PolicyLoadError",
+    "PolicyCallError",
+    "PolicyTrap",
+    "PolicyTimeout",
+    "PolicyOutputError",
+]
+
+
+class PolicyError(Exception):
+    """Something went wrong with policy ``policy`` (in ``export``, when one is known)."""
+
+    def __init__(self, policy: str, export: str | None, detail: str) -> None:
+        super().__init__(f"policy {policy!r}: {detail}")
+        self.policy = policy
+        self.export = export
+        self.detail = detail
+        """The message without the ``policy '<name>': `` prefix."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(policy={self.policy!r}, export={self.export!r}, detail={self.detail!r})"
+
+
+class PolicyLoadError(PolicyError):
+    """The module cannot go live. ``message`` is the guest's text when ``init`` refused."""
+
+    def __init__(
+        self, policy: str, export: str | None, detail: str, *, message: str | None = None
+    ) -> None:
+        super().__init__(policy, export, detail)
+        self.message = message
+
+
+class PolicyCallError(PolicyError):
+    """An export returned a non-zero status; ``message`` is what the guest said why."""
+
+    def __init__(self, policy: str, export: str, status: int, message: str) -> None:
+        super().__init__(policy, export, f"{export} returned {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class PolicyTrap(PolicyError):
+    """The guest trapped; ``trap_code`` is wasmtime's name for why (``UNREACHABLE``…)."""
+
+    def __init__(self, policy: str, export: str, trap_code: str | None, detail: str) -> None:
+        super().__init__(policy, export, detail)
+        self.trap_code = trap_code
+
+
+class PolicyTimeout(PolicyError):
+    """The call was interrupted at its epoch deadline (``budget_ms`` plus up to one tick)."""
+
+    def __init__(self, policy: str, export: str, budget_ms: float) -> None:
+        super().__init__(policy, export, f"{export} exceeded its {budget_ms:g} ms budget")
+        self.budget_ms = budget_ms
+
+
+class PolicyOutputError(PolicyError):
+    """The call succeeded but what the guest wrote cannot be used."""

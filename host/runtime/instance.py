@@ -1,0 +1,397 @@
+"""One live policy: a wasmtime Store plus an instance of a :class:`PolicyModule`.
+
+Calls follow policies/ABI.md. The host writes every input into one input buffer and
+reads ``score``/``filter`` results from one output buffer, both obtained from the
+guest's ``alloc`` when the instance starts and re-obtained (doubling) when too small.
+
+How a wrong result count is detected: before ``score``/``filter`` the host fills
+``n + 1`` output slots with a sentinel (for ``score`` the f64 bit pattern
+:data:`SCORE_SENTINEL`, a NaN no arithmetic produces; for ``filter`` the byte ``0xFF``).
+After the call a sentinel left in the first ``n`` slots means the guest wrote too few
+results, and a changed slot ``n`` means it wrote too many; both raise
+:class:`PolicyOutputError`. ``score`` returns everything else raw (NaN, inf, values
+outside [0, 1] included): judging scores is the caller's job (``WasmPolicy`` and
+``validate`` do it).
+
+Threads: a Store must never be used from two threads at once. Every call takes a
+non-blocking per-instance lock; a second thread arriving mid-call gets a
+``RuntimeError`` instead of corrupting the Store. Handing an instance from one thread to
+another between calls is fine (wasmtime Stores are ``Send``, not ``Sync``); the service
+runs all picks on its event-loop thread.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import numpy as np
+import wasmtime
+
+from epick import abi
+from epick.runtime._guest import GuestFunc, GuestMemory
+from epick.runtime.errors import (
+    PolicyCallError,
+    PolicyError,
+    PolicyLoadError,
+    PolicyOutputError,
+)
+from epick.runtime.exports import SIGNATURES
+
+if TYPE_CHECKING:
+    from epick.runtime.module import PolicyModule
+
+__all__ = ["PolicyInstance", "SCORE_SENTINEL", "MAX_ERROR_BYTES"]
+
+#: Bit pattern written into unfilled score slots (a quiet NaN with a marker payload).
+SCORE_SENTINEL = np.uint64(0x7FF8_E91C_5C0E_0BAD)
+_KEEP_SENTINEL = np.uint8(0xFF)
+#: The longest guest error message reported; longer ones are cut.
+MAX_ERROR_BYTES = 256
+
+_U32 = 0xFFFF_FFFF
+_HOT = frozenset({"score", "filter", "set_snapshot", "pre_request", "post_response"})
+_INITIAL_INPUT = 16 << 10
+_INITIAL_OUTPUT_SLOTS = 512
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_params_encoder = msgspec.msgpack.Encoder()
+_describe_decoder = msgspec.msgpack.Decoder(abi.Describe)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB"
+
+
+class PolicyInstance:
+    """A policy module instantiated in its own Store, ``init``-ed with ``params``.
+
+    Made by :meth:`PolicyModule.instantiate`. Raises :class:`PolicyLoadError` when the
+    module cannot be instantiated (e.g. its minimum memory exceeds the cap) or ``init``
+    returns non-zero (``.message`` is the guest's text).
+    """
+
+    def __init__(self, module: "PolicyModule", params: dict[str, Any] | None = None) -> None:
+        rt = module.runtime
+        rt._check_open()
+        self.module = module
+        self.name = module.name
+        self.exports: frozenset[str] = module.exports
+        self._ticker = rt.ticker
+        self._cap = rt.limits.memory_bytes
+        self._lock = threading.Lock()
+
+        store = wasmtime.Store(rt.engine)
+        store.set_limits(memory_size=self._cap)
+        store.set_epoch_deadline(rt.ticks_for(rt.limits.control_budget_ms))  # start function
+        try:
+            instance = wasmtime.Instance(store, module._module, [])
+        except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise PolicyLoadError(self.name, None, f"cannot instantiate: {first}") from exc
+        self._store = store
+        exported = instance.exports(store)
+        self._memory = GuestMemory(store, exported["memory"])  # type: ignore[arg-type]
+        funcs: dict[str, GuestFunc] = {}
+        for export, (params_sig, _) in SIGNATURES.items():
+            if export in self.exports:
+                budget = rt.limits.budget_ms if export in _HOT else rt.limits.control_budget_ms
+                funcs[export] = GuestFunc(
+                    store, exported[export], len(params_sig),  # type: ignore[arg-type]
+                    policy=self.name, export=export, budget_ms=budget,
+                    ticks=rt.ticks_for(budget), on_trap=self._trap_context,
+                )
+        self._funcs = funcs
+        self._score = funcs.get("score")
+        self._filter = funcs.get("filter")
+        self._set_snapshot = funcs.get("set_snapshot")
+        self._pre_request = funcs.get("pre_request")
+        self._post_response = funcs.get("post_response")
+
+        self._in_ptr = self._in_cap = 0
+        self._in_mv = memoryview(b"")
+        self._out_ptr = self._out_slots = 0
+        self._out_f64 = self._out_u64 = np.empty(0)
+        self._out_u8 = np.empty(0, dtype=np.uint8)
+        self._grow_input(_INITIAL_INPUT)
+        self._grow_output(_INITIAL_OUTPUT_SLOTS)
+        self.init(params)
+
+    def __repr__(self) -> str:
+        return f"<PolicyInstance {self.name!r} sha256={self.module.sha256[:12]}>"
+
+    def has(self, export: str) -> bool:
+        """Whether the module exports ``export``."""
+        return export in self.exports
+
+    # -- the request path ---------------------------------------------------------------
+
+    def score(self, blob: bytes, n: int) -> np.ndarray:
+        """Run ``score`` on a msgpack ``ScoreInput`` with ``n`` candidates.
+
+        Returns a float64 copy of the ``n`` scores, raw: NaN, inf and out-of-range values
+        are returned as written. Raises PolicyCallError / PolicyTrap / PolicyTimeout, and
+        PolicyOutputError when the guest wrote a wrong number of scores.
+        """
+        func = self._score
+        if func is None:
+            raise self._missing("score")
+        if not self._lock.acquire(False):
+            raise self._busy()
+        try:
+            self._check_ticker()
+            size = len(blob)
+            if size > self._in_cap:
+                self._grow_input(size)
+            self._in_mv[:size] = blob
+            if n >= self._out_slots:
+                self._grow_output(n + 1)
+            bits = self._out_u64
+            bits[: n + 1] = SCORE_SENTINEL
+            status = func.call3(self._in_ptr, size, self._out_ptr)
+            if status:
+                raise PolicyCallError(self.name, "score", status, self._error_message())
+            if bits[n] != SCORE_SENTINEL:
+                raise PolicyOutputError(
+                    self.name, "score", f"score wrote more than the {n} scores asked for"
+                )
+            written = bits[:n] != SCORE_SENTINEL
+            if not written.all():
+                raise PolicyOutputError(
+                    self.name, "score",
+                    f"score wrote {int(written.sum())} of {n} scores "
+                    f"(first missing: candidate {int(np.argmin(written))})",
+                )
+            return self._out_f64[:n].copy()
+        finally:
+            self._lock.release()
+
+    def filter(self, blob: bytes, n: int) -> np.ndarray:
+        """Run ``filter``; returns a bool keep-mask of length ``n`` (a copy).
+
+        Raises like :meth:`score`; PolicyOutputError also for a keep byte other than 0/1.
+        """
+        func = self._filter
+        if func is None:
+            raise self._missing("filter")
+        if not self._lock.acquire(False):
+            raise self._busy()
+        try:
+            self._check_ticker()
+            size = len(blob)
+            if size > self._in_cap:
+                self._grow_input(size)
+            self._in_mv[:size] = blob
+            if n >= self._out_slots:
+                self._grow_output(n + 1)
+            keep = self._out_u8
+            keep[: n + 1] = _KEEP_SENTINEL
+            status = func.call3(self._in_ptr, size, self._out_ptr)
+            if status:
+                raise PolicyCallError(self.name, "filter", status, self._error_message())
+            if keep[n] != _KEEP_SENTINEL:
+                raise PolicyOutputError(
+                    self.name, "filter", f"filter wrote more than the {n} keep bytes asked for"
+                )
+            mask = keep[:n].copy()
+            if n and mask.max() > 1:
+                unwritten = mask == _KEEP_SENTINEL
+                if unwritten.any():
+                    raise PolicyOutputError(
+                        self.name, "filter",
+                        f"filter wrote {n - int(unwritten.sum())} of {n} keep bytes "
+                        f"(first missing: candidate {int(np.argmax(unwritten))})",
+                    )
+                bad = int(np.argmax(mask > 1))
+                raise PolicyOutputError(
+                    self.name, "filter",
+                    f"filter wrote keep byte {int(mask[bad])} for candidate {bad}; expected 0 or 1",
+                )
+            return mask.view(np.bool_)
+        finally:
+            self._lock.release()
+
+    def set_snapshot(self, blob: bytes) -> None:
+        """Deliver a msgpack ``Snapshot`` to keep resident."""
+        self._call_blob(self._set_snapshot, "set_snapshot", blob)
+
+    def pre_request(self, blob: bytes) -> None:
+        """Deliver a msgpack ``PreRequestEvent``."""
+        self._call_blob(self._pre_request, "pre_request", blob)
+
+    def post_response(self, blob: bytes) -> None:
+        """Deliver a msgpack ``PostResponseEvent``."""
+        self._call_blob(self._post_response, "post_response", blob)
+
+    # -- the control plane --------------------------------------------------------------
+
+    def init(self, params: dict[str, Any] | None = None) -> None:
+        """(Re-)configure from ``params``; resets all of the policy's state.
+
+        Raises PolicyLoadError when ``params`` is not a str-keyed dict, cannot be encoded,
+        or the guest refuses it (``.message`` is the guest's text).
+        """
+        if params is None:
+            params = {}
+        if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
+            raise PolicyLoadError(
+                self.name, "init", f"params must be a dict with str keys, got {params!r:.80}"
+            )
+        try:
+            blob = _params_encoder.encode(params)
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise PolicyLoadError(self.name, "init", f"params cannot be encoded as msgpack: {exc}") from exc
+        try:
+            self._call_blob(self._funcs["init"], "init", blob)
+        except PolicyCallError as exc:
+            raise PolicyLoadError(
+                self.name, "init", f"init refused its params: {exc.message}", message=exc.message
+            ) from exc
+
+    def describe(self) -> abi.Describe:
+        """The policy's ``Describe``; ``Describe(name=<module name>)`` if not exported."""
+        if "describe" not in self._funcs:
+            return abi.Describe(name=self.name)
+        raw = self._produce("describe")
+        try:
+            return _describe_decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise PolicyOutputError(
+                self.name, "describe", f"describe wrote an invalid Describe: {exc}"
+            ) from exc
+
+    def export_state(self) -> bytes:
+        """The policy's state as opaque bytes (for hot swap and trap recovery)."""
+        if "export_state" not in self._funcs:
+            raise self._missing("export_state")
+        return self._produce("export_state")
+
+    def import_state(self, blob: bytes) -> None:
+        """Take state from ``export_state``; on error the policy is freshly initialised."""
+        self._call_blob(self._funcs.get("import_state"), "import_state", blob)
+
+    def close(self) -> None:
+        """Drop the Store now instead of at garbage collection. The instance is unusable after."""
+        self._funcs = {}
+        self._score = self._filter = self._set_snapshot = None
+        self._pre_request = self._post_response = None
+        self._in_mv = memoryview(b"")
+        self._out_f64 = self._out_u64 = np.empty(0)
+        self._out_u8 = np.empty(0, dtype=np.uint8)
+        self._out_slots = self._in_cap = 0
+        self._memory = None  # type: ignore[assignment]
+        self._store = None  # type: ignore[assignment]
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _call_blob(self, func: GuestFunc | None, export: str, blob: bytes) -> None:
+        if func is None:
+            raise self._missing(export)
+        if not self._lock.acquire(False):
+            raise self._busy()
+        try:
+            self._check_ticker()
+            size = len(blob)
+            if size > self._in_cap:
+                self._grow_input(size)
+            self._in_mv[:size] = blob
+            status = func.call2(self._in_ptr, size)
+            if status:
+                raise PolicyCallError(self.name, export, status, self._error_message())
+        finally:
+            self._lock.release()
+
+    def _produce(self, export: str) -> bytes:
+        """Call a ``() -> status`` export that leaves bytes at output_ptr/output_len."""
+        if not self._lock.acquire(False):
+            raise self._busy()
+        try:
+            self._check_ticker()
+            status = self._funcs[export].call0()
+            if status:
+                raise PolicyCallError(self.name, export, status, self._error_message())
+            ptr = self._funcs["output_ptr"].call0() & _U32
+            size = self._funcs["output_len"].call0() & _U32
+            try:
+                return self._memory.read(ptr, size)
+            except IndexError as exc:
+                raise PolicyOutputError(
+                    self.name, export,
+                    f"{export} output [{ptr}, {ptr + size}) is outside memory "
+                    f"({self._memory.size} bytes)",
+                ) from exc
+        finally:
+            self._lock.release()
+
+    def _alloc(self, nbytes: int) -> int:
+        """``nbytes`` of guest memory, 8-byte aligned (the host over-asks by 7)."""
+        raw = self._funcs["alloc"].call1(nbytes + 7) & _U32
+        if raw == 0:
+            raise PolicyCallError(
+                self.name, "alloc", 0, f"out of memory (asked for {nbytes + 7} bytes)"
+            )
+        ptr = (raw + 7) & ~7
+        if not self._memory.contains(ptr, nbytes):
+            raise PolicyOutputError(
+                self.name, "alloc",
+                f"alloc({nbytes + 7}) returned {raw}, outside memory ({self._memory.size} bytes)",
+            )
+        return ptr
+
+    def _grow_input(self, need: int) -> None:
+        cap = max(need, 2 * self._in_cap, _INITIAL_INPUT)
+        self._in_ptr = self._alloc(cap)
+        self._in_cap = cap
+        self._in_mv = memoryview(self._memory.view(self._in_ptr, cap))
+
+    def _grow_output(self, slots: int) -> None:
+        slots = max(slots, 2 * self._out_slots, _INITIAL_OUTPUT_SLOTS)
+        self._out_ptr = self._alloc(slots * 8)
+        self._out_slots = slots
+        self._out_u8 = self._memory.view(self._out_ptr, slots * 8)
+        self._out_f64 = self._out_u8.view(np.float64)
+        self._out_u64 = self._out_u8.view(np.uint64)
+
+    def _error_message(self) -> str:
+        """The guest's message for its last non-zero return, made safe to log."""
+        try:
+            ptr = self._funcs["error_ptr"].call0() & _U32
+            size = self._funcs["error_len"].call0() & _U32
+        except PolicyError as exc:
+            return f"(no error message: {exc.detail})"
+        if size == 0:
+            return "(no error message)"
+        shown = min(size, MAX_ERROR_BYTES)
+        try:
+            raw = self._memory.read(ptr, shown)
+        except IndexError:
+            return f"(unreadable error message: {size} bytes at {ptr}, outside memory)"
+        text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", raw.decode("utf-8", "replace"))
+        if size > shown:
+            text += f"… ({size} bytes, cut)"
+        return text
+
+    def _trap_context(self) -> str:
+        memory = getattr(self, "_memory", None)
+        # memory.grow fails silently (-1) at the cap; a trap soon after is most likely
+        # the guest's reaction to that, so say so.
+        if memory is not None and memory.size + (1 << 20) > self._cap:
+            return f" (memory at {_mib(memory.size)} of its {_mib(self._cap)} cap)"
+        return ""
+
+    def _check_ticker(self) -> None:
+        if not self._ticker.running:
+            raise RuntimeError(
+                f"policy {self.name!r}: its Runtime is closed (no epoch ticker, calls could "
+                f"run forever)"
+            )
+
+    def _missing(self, export: str) -> PolicyError:
+        return PolicyError(self.name, export, f"does not export {export!r}")
+
+    def _busy(self) -> RuntimeError:
+        return RuntimeError(
+            f"policy {self.name!r}: instance is in use by another thread; a PolicyInstance "
+            f"(its wasmtime Store) must be used by one thread at a time"
+        )
