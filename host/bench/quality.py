@@ -1,0 +1,289 @@
+"""`epick bench quality`: routing quality on the virtual-time simulated fleet.
+
+The same seeded workloads run through the same fleet under each router, side by side in
+one run. Routing signals are the replicas' /metrics as scraped every
+``--scrape-interval-ms`` (staleness included); epick's routers run the real scheduler
+with the real WASM policies, and the router's own time per decision is measured.
+
+Routers: random, round-robin, least-queue (sim baselines); legacy-v1 (the WASM filter
+policy); epick (load + prefix-cache + lora-affinity, weights in DEFAULT_WEIGHTS); and
+each scorer alone (load, prefix-cache, lora-affinity).
+
+Workloads: multi-lora (10 replicas, 15 adapters, 60/30/10 traffic over three groups,
+max_lora 3, a rate sweep from light to overloaded), shared-prefix (many tenants, each
+with a long system prompt), zero-hit (unique prompts, no adapters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from epick import abi
+from epick.config import resolve_module
+from epick.scheduler.framework import PoolSnapshot
+from epick.scheduler.picker import make_picker
+from epick.scheduler.policyset import PolicyEntry, PolicySet
+from epick.scheduler.scheduler import Scheduler, SchedulingError
+
+__all__ = ["EpickRouter", "DEFAULT_WEIGHTS", "WORKLOADS", "run", "main"]
+
+#: epick's default weights, chosen with this benchmark (see docs/quality.md).
+DEFAULT_WEIGHTS = {"load": 1.0, "prefix-cache": 1.0, "lora-affinity": 1.0}
+
+#: What the JSON output calls each router.
+ROUTERS = ("random", "round-robin", "least-queue", "legacy-v1", "epick", "load",
+           "prefix-cache", "lora-affinity")
+
+
+class EpickRouter:
+    """Routes a virtual-time fleet with epick's scheduler and WASM policies.
+
+    The pool snapshot is rebuilt only when a replica was re-scraped (as the service does
+    once per metrics change); ``decision_us`` accumulates the router's own wall time per
+    decision, snapshot rebuilds included.
+    """
+
+    def __init__(self, policies: PolicySet, *, model: str = "base", picker: str = "max",
+                 seed: int = 0) -> None:
+        self.model = model
+        self.scheduler = Scheduler(lambda: self._pool, policies, fallbacks=0,
+                                   picker=make_picker(picker), decision_ttl_s=1e9,
+                                   max_decisions=10**7)
+        self._pool: PoolSnapshot | None = None
+        self._key: tuple | None = None
+        self._index: dict[str, int] = {}
+        self._version = 0
+        self._seed = seed
+        self.decision_s = 0.0
+        self.decisions = 0
+        self.failures = 0
+
+    def route(self, req, view) -> int:
+        t0 = time.perf_counter()
+        key = tuple(view.scraped_at(i) for i in range(len(view)))
+        if key != self._key:
+            self._key = key
+            self._version += 1
+            self._pool = PoolSnapshot.build(abi.Snapshot(
+                version=self._version, timestamp_ms=int(view.now * 1000),
+                endpoints=view.all_metrics()))
+            if not self._index:
+                self._index = {a: i for i, a in enumerate(view.addresses)}
+        request = abi.Request(request_id=req.request_id, model=self.model, adapter=req.adapter,
+                              prompt=req.prompt, cache_salt=req.cache_salt,
+                              seed=(self._seed * 1_000_003 + self.decisions) & (2**64 - 1))
+        try:
+            decision = self.scheduler.schedule(request)
+            choice = self._index[decision.endpoint]
+        except SchedulingError:
+            # legacy-v1 sheds non-critical requests when nothing has capacity; the
+            # simulated gateway then sends them anywhere (the fleet has no 429 path).
+            self.failures += 1
+            choice = self.decisions % len(view)
+        self.decision_s += time.perf_counter() - t0
+        self.decisions += 1
+        return choice
+
+    def on_complete(self, req, replica: int) -> None:
+        self.scheduler.complete(request_id=req.request_id)
+
+    @property
+    def decision_us(self) -> float:
+        return self.decision_s / self.decisions * 1e6 if self.decisions else 0.0
+
+
+def wasm_set(runtime, weights: dict[str, float], params: dict[str, dict] | None = None
+             ) -> PolicySet:
+    from epick.runtime import WasmPolicy
+
+    entries = []
+    for name, weight in weights.items():
+        module = runtime.compile(resolve_module(name).read_bytes(), name=name)
+        p = (params or {}).get(name, {})
+        entries.append(PolicyEntry(name, WasmPolicy(module, p, name=name), weight=weight))
+    return PolicySet(tuple(entries))
+
+
+def make_router(name: str, runtime, seed: int):
+    from epick.sim.routers import LeastQueueRouter, RandomRouter, RoundRobinRouter
+
+    if name == "random":
+        return RandomRouter(seed)
+    if name == "round-robin":
+        return RoundRobinRouter()
+    if name == "least-queue":
+        return LeastQueueRouter()
+    if name == "legacy-v1":
+        return EpickRouter(wasm_set(runtime, {"legacy-v1": 1.0}), seed=seed)
+    if name == "epick":
+        return EpickRouter(wasm_set(runtime, DEFAULT_WEIGHTS), seed=seed)
+    if name in DEFAULT_WEIGHTS:
+        return EpickRouter(wasm_set(runtime, {name: 1.0}), seed=seed)
+    raise ValueError(f"unknown router {name!r}; expected one of {', '.join(ROUTERS)}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    replicas: int
+    rates: tuple[float, ...]
+    duration_s: float
+    make: Callable[[float, float, int], list]
+    """(rate, duration_s, seed) -> requests"""
+    max_lora: int = 3
+
+
+def _workloads(quick: bool) -> dict[str, Workload]:
+    from epick.sim import workload as wl
+
+    dur = 20.0 if quick else 60.0
+    return {
+        "multi-lora": Workload(
+            "multi-lora", 10, (10.0, 40.0) if quick else (5.0, 10.0, 20.0, 40.0, 60.0), dur,
+            lambda rate, d, seed: wl.multi_lora(qps=rate, duration_s=d, seed=seed,
+                                                adapters=15, split=(0.6, 0.3, 0.1))),
+        "shared-prefix": Workload(
+            "shared-prefix", 8, (10.0, 30.0) if quick else (5.0, 10.0, 20.0, 30.0, 40.0), dur,
+            lambda rate, d, seed: wl.shared_prefix(qps=rate, duration_s=d, seed=seed)),
+        "zero-hit": Workload(
+            "zero-hit", 8, (10.0, 30.0) if quick else (5.0, 10.0, 20.0, 30.0, 40.0), dur,
+            lambda rate, d, seed: wl.zero_hit(qps=rate, duration_s=d, seed=seed)),
+    }
+
+
+WORKLOADS = ("multi-lora", "shared-prefix", "zero-hit")
+
+
+def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int = 1,
+        scrape_interval_ms: float = 50.0, progress: Callable[[str], None] | None = None) -> dict:
+    """Run every (workload, rate, router); return the JSON-shaped results."""
+    from epick.runtime import Runtime
+    from epick.sim.config import DEFAULT_CONFIG
+    from epick.sim.fleet import Fleet
+
+    import msgspec
+
+    out: dict = {"workloads": {}, "scrape_interval_ms": scrape_interval_ms, "seed": seed,
+                 "quick": quick}
+    specs = _workloads(quick)
+    with Runtime() as runtime:
+        for wname in workloads:
+            w = specs[wname]
+            config = msgspec.structs.replace(DEFAULT_CONFIG, max_loras=w.max_lora)
+            fleet = Fleet(w.replicas, config, seed=seed)
+            per_router: dict = {r: {k: [] for k in (
+                "rate", "throughput_tok_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+                "e2e_p50_s", "e2e_p90_s", "adapter_loads", "hit_rate", "decision_cpu_us",
+                "shed")} for r in routers}
+            for rate in w.rates:
+                requests = w.make(rate, w.duration_s, seed)
+                for rname in routers:
+                    router = make_router(rname, runtime, seed)
+                    t0 = time.perf_counter()
+                    res = fleet.run(requests, router, scrape_interval_s=scrape_interval_ms / 1000)
+                    s = res.summary
+                    row = per_router[rname]
+                    row["rate"].append(rate)
+                    row["throughput_tok_s"].append(s.output_tok_s)
+                    row["ttft_p50_s"].append(s.ttft_p50_s)
+                    row["ttft_p90_s"].append(s.ttft_p90_s)
+                    row["ttft_p99_s"].append(s.ttft_p99_s)
+                    row["e2e_p50_s"].append(s.e2e_p50_s)
+                    row["e2e_p90_s"].append(s.e2e_p90_s)
+                    row["adapter_loads"].append(s.adapter_loads)
+                    row["hit_rate"].append(s.prefix_cache_hit_rate)
+                    row["decision_cpu_us"].append(getattr(router, "decision_us", 0.0))
+                    row["shed"].append(getattr(router, "failures", 0))
+                    if progress:
+                        progress(f"{wname:13s} rate {rate:5.1f}  {rname:13s} "
+                                 f"tok/s {s.output_tok_s:8.0f}  ttft p90 {s.ttft_p90_s:7.3f}s  "
+                                 f"loads {s.adapter_loads:5d}  hit {s.prefix_cache_hit_rate:.2f}"
+                                 f"  ({time.perf_counter() - t0:.1f}s)")
+            out["workloads"][wname] = per_router
+    return out
+
+
+def _tables(results: dict):
+    from rich.table import Table
+
+    tables = []
+    for wname, per_router in results["workloads"].items():
+        t = Table(title=f"{wname} (scrape every {results['scrape_interval_ms']:.0f} ms)")
+        for c in ("router", "rate", "out tok/s", "TTFT p50", "TTFT p90", "TTFT p99",
+                  "e2e p50", "adapter loads", "prefix hit", "decision µs"):
+            t.add_column(c, justify="right")
+        routers = list(per_router)
+        rates = per_router[routers[0]]["rate"]
+        for k, rate in enumerate(rates):
+            for r in routers:
+                row = per_router[r]
+                t.add_row(r, f"{rate:g}", f"{row['throughput_tok_s'][k]:.0f}",
+                          f"{row['ttft_p50_s'][k]:.3f}", f"{row['ttft_p90_s'][k]:.3f}",
+                          f"{row['ttft_p99_s'][k]:.3f}", f"{row['e2e_p50_s'][k]:.2f}",
+                          str(row["adapter_loads"][k]), f"{row['hit_rate'][k]:.2f}",
+                          f"{row['decision_cpu_us'][k]:.0f}" if row["decision_cpu_us"][k] else "-",
+                          end_section=(r == routers[-1]))
+        tables.append(t)
+    return tables
+
+
+def plot(results: dict, folder: Path) -> list[Path]:
+    """One PNG per workload: TTFT p90 and throughput vs rate, a line per router."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for wname, per_router in results["workloads"].items():
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+        for r, row in per_router.items():
+            style = "-" if r in ("epick", "legacy-v1") else "--"
+            ax1.plot(row["rate"], row["ttft_p90_s"], style, marker="o", label=r)
+            ax2.plot(row["rate"], row["throughput_tok_s"], style, marker="o", label=r)
+        ax1.set(title=f"{wname}: TTFT p90", xlabel="request rate (QPS)", ylabel="seconds",
+                yscale="log")
+        ax2.set(title=f"{wname}: output throughput", xlabel="request rate (QPS)",
+                ylabel="tokens/s")
+        ax1.legend(fontsize=8)
+        fig.tight_layout()
+        path = folder / f"{wname}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    ap = argparse.ArgumentParser(prog="epick bench quality", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a reduced run (< 3 minutes)")
+    ap.add_argument("--json", type=Path, help="write the results as JSON here")
+    ap.add_argument("--plots", type=Path, help="write one PNG per workload into this folder")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--routers", default=",".join(ROUTERS))
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--scrape-interval-ms", type=float, default=50.0)
+    args = ap.parse_args(argv)
+    console = Console()
+    results = run(quick=args.quick, workloads=tuple(args.workloads.split(",")),
+                  routers=tuple(args.routers.split(",")), seed=args.seed,
+                  scrape_interval_ms=args.scrape_interval_ms, progress=console.print)
+    for t in _tables(results):
+        console.print(t)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1))
+        console.print(f"wrote {args.json}")
+    if args.plots:
+        for p in plot(results, args.plots):
+            console.print(f"wrote {p}")
+    return 0
