@@ -1,0 +1,445 @@
+//! lora-affinity — prefer endpoints that already hold the request's LoRA adapter
+//! (DESIGN.md, "LoRA affinity"; seeds 000 and 002).
+//!
+//! Profile "seed" (default), per endpoint, first match wins:
+//!   base-model request (no adapter)                 → 1.0 everywhere
+//!   A ∈ R and W = ∅                                  → score_running   (1.0)
+//!   |R ∪ W| < M                                      → score_room      (0.75)
+//!   W ≠ ∅ and M > 0                                  → score_waiting_max × (1 − min(|W|, M)/M)
+//!   otherwise                                        → score_other     (0.0)
+//! R = scraped running ∪ adapters with in-flight requests in this policy's history on that
+//! endpoint; W = scraped waiting; M = max_lora; set sizes count distinct names.
+//!
+//! Profile "upstream" (the Go picker's table, no history, no base-model rule):
+//!   A ∈ scraped running → 1.0; |running| + |waiting| < M → 0.8; A ∈ waiting → 0.6; else 0.
+//!
+//! History: `pre_request` adds one in-flight request for (adapter, endpoint);
+//! `post_response` removes it — by request_id when the id is known (so a repeated report
+//! is a no-op), by (adapter, endpoint) when the id is empty, never below zero. Unknown ids
+//! are ignored. Reconcile, at most once per `reconcile_interval_ms` of snapshot time:
+//! an entry whose adapter the endpoint reports neither running nor waiting and whose last
+//! pre_request is older than the interval is dropped, as are request records older than
+//! `request_ttl_ms` (lost completion reports). Endpoints that leave the snapshot are
+//! forgotten on every snapshot.
+
+const std = @import("std");
+const sdk = @import("epick");
+
+pub const name = "lora-affinity";
+pub const version = "1.0.0";
+pub const kind = "lora-affinity";
+
+pub const Profile = enum { seed, upstream };
+
+pub const Params = struct {
+    profile: Profile = .seed,
+    score_running: f64 = 1.0,
+    score_room: f64 = 0.75,
+    score_waiting_max: f64 = 0.5,
+    score_other: f64 = 0.0,
+    use_history: bool = true,
+    reconcile_interval_ms: i64 = 1000,
+    request_ttl_ms: i64 = 600_000,
+
+    pub fn check(p: *const Params) sdk.Error!void {
+        const tiers = .{ "score_running", "score_room", "score_waiting_max", "score_other" };
+        const defaults: Params = .{};
+        inline for (tiers) |t| {
+            const v = @field(p, t);
+            if (!(v >= 0 and v <= 1)) return sdk.fail("param '" ++ t ++ "': {d} is not in [0, 1]", .{v});
+            if (p.profile == .upstream and v != @field(defaults, t))
+                return sdk.fail("param '" ++ t ++ "' applies to profile 'seed' only (profile 'upstream' has fixed tiers 1.0/0.8/0.6/0)", .{});
+        }
+        if (p.reconcile_interval_ms < 0) return sdk.fail("param 'reconcile_interval_ms': {d} must be >= 0", .{p.reconcile_interval_ms});
+        if (p.request_ttl_ms <= 0) return sdk.fail("param 'request_ttl_ms': {d} must be > 0", .{p.request_ttl_ms});
+    }
+};
+
+/// In-flight history of one adapter on one endpoint.
+const Hist = struct { inflight: u32 = 0, last_pre_ms: i64 = 0 };
+
+const EpState = struct {
+    adapters: std.StringHashMapUnmanaged(Hist) = .empty,
+};
+
+/// A request picked and not yet reported complete (for idempotent post_response).
+const ReqRec = struct { endpoint: []u8, adapter: []u8, at_ms: i64 };
+
+const gpa = sdk.gpa;
+
+var cfg: Params = .{};
+var endpoints: std.StringHashMapUnmanaged(*EpState) = .empty;
+var requests: std.StringHashMapUnmanaged(ReqRec) = .empty;
+var last_reconcile_ms: ?i64 = null;
+
+// Snapshot index -> that endpoint's history, rebuilt when the snapshot or the set of
+// endpoints with history changes: scoring then does no string hashing.
+var by_index: std.ArrayList(?*EpState) = .empty;
+var by_index_version: ?i64 = null;
+var by_index_dirty = true;
+
+pub fn init(p: *const Params) sdk.Error!void {
+    cfg = p.*;
+    clearState();
+}
+
+fn clearState() void {
+    var it = requests.iterator();
+    while (it.next()) |kv| freeRec(kv.key_ptr.*, kv.value_ptr.*);
+    requests.clearAndFree(gpa);
+    var eit = endpoints.iterator();
+    while (eit.next()) |kv| freeEp(kv.key_ptr.*, kv.value_ptr.*);
+    endpoints.clearAndFree(gpa);
+    by_index.clearAndFree(gpa);
+    by_index_version = null;
+    by_index_dirty = true;
+    last_reconcile_ms = null;
+}
+
+fn freeRec(id: []const u8, rec: ReqRec) void {
+    gpa.free(id);
+    gpa.free(rec.endpoint);
+    gpa.free(rec.adapter);
+}
+
+fn freeEp(address: []const u8, st: *EpState) void {
+    var it = st.adapters.iterator();
+    while (it.next()) |kv| gpa.free(kv.key_ptr.*);
+    st.adapters.deinit(gpa);
+    gpa.destroy(st);
+    gpa.free(address);
+}
+
+// -- history ---------------------------------------------------------------------------
+
+fn epState(address: []const u8) sdk.Error!*EpState {
+    const gop = try endpoints.getOrPut(gpa, address);
+    if (!gop.found_existing) {
+        gop.key_ptr.* = gpa.dupe(u8, address) catch |e| {
+            endpoints.removeByPtr(gop.key_ptr);
+            return e;
+        };
+        gop.value_ptr.* = gpa.create(EpState) catch |e| {
+            gpa.free(gop.key_ptr.*);
+            endpoints.removeByPtr(gop.key_ptr);
+            return e;
+        };
+        gop.value_ptr.*.* = .{};
+        by_index_dirty = true;
+    }
+    return gop.value_ptr.*;
+}
+
+fn hist(st: *EpState, adapter: []const u8) sdk.Error!*Hist {
+    const gop = try st.adapters.getOrPut(gpa, adapter);
+    if (!gop.found_existing) {
+        gop.key_ptr.* = gpa.dupe(u8, adapter) catch |e| {
+            st.adapters.removeByPtr(gop.key_ptr);
+            return e;
+        };
+        gop.value_ptr.* = .{};
+    }
+    return gop.value_ptr;
+}
+
+fn decrement(endpoint: []const u8, adapter: []const u8) void {
+    const st = endpoints.get(endpoint) orelse return;
+    const h = st.adapters.getPtr(adapter) orelse return;
+    if (h.inflight > 0) h.inflight -= 1;
+}
+
+pub fn preRequest(ev: *const sdk.PreRequest) sdk.Error!void {
+    if (!cfg.use_history or cfg.profile == .upstream) return;
+    const adapter = ev.request.adapter;
+    if (adapter.len == 0 or ev.endpoint.len == 0) return;
+    const id = ev.request.request_id;
+    if (id.len > 0) {
+        // The same id picked again (a gateway retry): the earlier pick is void.
+        if (requests.fetchRemove(id)) |old| {
+            decrement(old.value.endpoint, old.value.adapter);
+            freeRec(old.key, old.value);
+        }
+    }
+    const h = try hist(try epState(ev.endpoint), adapter);
+    h.inflight += 1;
+    h.last_pre_ms = ev.timestamp_ms;
+    if (id.len > 0) {
+        const rec: ReqRec = .{
+            .endpoint = try gpa.dupe(u8, ev.endpoint),
+            .adapter = try gpa.dupe(u8, adapter),
+            .at_ms = ev.timestamp_ms,
+        };
+        const key = try gpa.dupe(u8, id);
+        requests.put(gpa, key, rec) catch |e| {
+            freeRec(key, rec);
+            return e;
+        };
+    }
+}
+
+pub fn postResponse(ev: *const sdk.PostResponse) sdk.Error!void {
+    if (ev.request_id.len > 0) {
+        // Known id: undo exactly its pre_request, once. Unknown id: nothing to undo.
+        if (requests.fetchRemove(ev.request_id)) |kv| {
+            decrement(kv.value.endpoint, kv.value.adapter);
+            freeRec(kv.key, kv.value);
+        }
+        return;
+    }
+    if (ev.adapter.len > 0) decrement(ev.endpoint, ev.adapter);
+}
+
+// -- snapshots and reconcile ------------------------------------------------------------
+
+pub fn onSnapshot(snap: *const sdk.Snapshot) sdk.Error!void {
+    try forgetDeparted(snap);
+    const due = if (last_reconcile_ms) |t| snap.timestamp_ms - t >= cfg.reconcile_interval_ms else true;
+    if (due) {
+        try reconcile(snap);
+        last_reconcile_ms = snap.timestamp_ms;
+    }
+    try rebuildIndex(snap);
+}
+
+fn addressSet(snap: *const sdk.Snapshot) sdk.Error!std.StringHashMapUnmanaged(u32) {
+    var set: std.StringHashMapUnmanaged(u32) = .empty;
+    try set.ensureTotalCapacity(sdk.scratch(), @intCast(snap.endpoints.len));
+    for (snap.endpoints, 0..) |*e, i| set.putAssumeCapacity(e.address, @intCast(i));
+    return set;
+}
+
+fn forgetDeparted(snap: *const sdk.Snapshot) sdk.Error!void {
+    if (endpoints.count() == 0) return;
+    var present = try addressSet(snap);
+    var gone: std.ArrayList([]const u8) = .empty;
+    var it = endpoints.iterator();
+    while (it.next()) |kv| {
+        if (!present.contains(kv.key_ptr.*)) try gone.append(sdk.scratch(), kv.key_ptr.*);
+    }
+    if (gone.items.len == 0) return;
+    // Their request records go too: a late post_response for them is then "unknown".
+    var rit = requests.iterator();
+    var stale: std.ArrayList([]const u8) = .empty;
+    while (rit.next()) |kv| {
+        if (!present.contains(kv.value_ptr.endpoint)) try stale.append(sdk.scratch(), kv.key_ptr.*);
+    }
+    for (stale.items) |id| {
+        const kv = requests.fetchRemove(id).?;
+        freeRec(kv.key, kv.value);
+    }
+    for (gone.items) |address| {
+        const kv = endpoints.fetchRemove(address).?;
+        freeEp(kv.key, kv.value);
+    }
+    by_index_dirty = true;
+}
+
+fn reconcile(snap: *const sdk.Snapshot) sdk.Error!void {
+    const now = snap.timestamp_ms;
+    // Lost completion reports: request records past their TTL stop counting.
+    var expired: std.ArrayList([]const u8) = .empty;
+    var rit = requests.iterator();
+    while (rit.next()) |kv| {
+        if (now - kv.value_ptr.at_ms > cfg.request_ttl_ms) try expired.append(sdk.scratch(), kv.key_ptr.*);
+    }
+    for (expired.items) |id| {
+        const kv = requests.fetchRemove(id).?;
+        decrement(kv.value.endpoint, kv.value.adapter);
+        freeRec(kv.key, kv.value);
+    }
+    // History the endpoint's metrics no longer back, and that no recent pick renewed.
+    for (snap.endpoints) |*e| {
+        const st = endpoints.get(e.address) orelse continue;
+        var drop: std.ArrayList([]const u8) = .empty;
+        var it = st.adapters.iterator();
+        while (it.next()) |kv| {
+            const a = kv.key_ptr.*;
+            if (e.isRunning(a) or e.isWaiting(a)) continue;
+            if (now - kv.value_ptr.last_pre_ms > cfg.reconcile_interval_ms) try drop.append(sdk.scratch(), a);
+        }
+        for (drop.items) |a| dropHistory(e.address, st, a);
+    }
+}
+
+fn dropHistory(address: []const u8, st: *EpState, adapter: []const u8) void {
+    // Records pointing at the entry would resurrect nothing but must not dangle either.
+    var stale: std.ArrayList([]const u8) = .empty;
+    var rit = requests.iterator();
+    while (rit.next()) |kv| {
+        if (std.mem.eql(u8, kv.value_ptr.endpoint, address) and std.mem.eql(u8, kv.value_ptr.adapter, adapter))
+            stale.append(sdk.scratch(), kv.key_ptr.*) catch break;
+    }
+    for (stale.items) |id| {
+        const kv = requests.fetchRemove(id).?;
+        freeRec(kv.key, kv.value);
+    }
+    const kv = st.adapters.fetchRemove(adapter).?;
+    gpa.free(kv.key);
+}
+
+fn rebuildIndex(snap: *const sdk.Snapshot) sdk.Error!void {
+    try by_index.resize(gpa, snap.endpoints.len);
+    for (snap.endpoints, by_index.items) |*e, *slot| slot.* = endpoints.get(e.address);
+    by_index_version = snap.version;
+    by_index_dirty = false;
+}
+
+// -- scoring ----------------------------------------------------------------------------
+
+/// Distinct names across the lists (and the history's in-flight adapters, when given).
+fn distinct(lists: []const []const []const u8, extra: ?*const EpState) u32 {
+    var n: u32 = 0;
+    for (lists, 0..) |list, li| {
+        for (list, 0..) |a, ai| {
+            if (seenBefore(lists, li, ai, a)) continue;
+            n += 1;
+        }
+    }
+    if (extra) |st| {
+        var it = st.adapters.iterator();
+        while (it.next()) |kv| {
+            if (kv.value_ptr.inflight == 0) continue;
+            if (seenBefore(lists, lists.len, 0, kv.key_ptr.*)) continue;
+            n += 1;
+        }
+    }
+    return n;
+}
+
+/// Whether `a` occurs in `lists` before position (li, ai).
+fn seenBefore(lists: []const []const []const u8, li: usize, ai: usize, a: []const u8) bool {
+    for (lists, 0..) |list, lj| {
+        if (lj > li) break;
+        const end = if (lj == li) ai else list.len;
+        if (sdk.contains(list[0..end], a)) return true;
+    }
+    return false;
+}
+
+fn seedScore(e: *const sdk.Endpoint, st: ?*const EpState, adapter: []const u8) f64 {
+    if (adapter.len == 0) return 1.0;
+    const in_history = if (st) |s| (if (s.adapters.get(adapter)) |h| h.inflight > 0 else false) else false;
+    const in_r = e.isRunning(adapter) or in_history;
+    const w = distinct(&.{e.waiting_adapters}, null);
+    if (in_r and w == 0) return cfg.score_running;
+    const r_or_w = distinct(&.{ e.running_adapters, e.waiting_adapters }, st);
+    if (r_or_w < e.max_lora) return cfg.score_room;
+    if (w > 0 and e.max_lora > 0) {
+        const m: f64 = @floatFromInt(e.max_lora);
+        const wf: f64 = @floatFromInt(@min(@as(i64, w), e.max_lora));
+        return cfg.score_waiting_max * (1.0 - wf / m);
+    }
+    return cfg.score_other;
+}
+
+fn upstreamScore(e: *const sdk.Endpoint, adapter: []const u8) f64 {
+    if (e.isRunning(adapter)) return 1.0;
+    if (@as(i64, @intCast(e.running_adapters.len + e.waiting_adapters.len)) < e.max_lora) return 0.8;
+    if (e.isWaiting(adapter)) return 0.6;
+    return 0.0;
+}
+
+pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
+    const adapter = ctx.request.adapter;
+    if (cfg.profile == .upstream) {
+        for (out, 0..) |*o, i| o.* = upstreamScore(ctx.endpoint(i), adapter);
+        return;
+    }
+    const history = cfg.use_history and endpoints.count() > 0;
+    if (history and (by_index_dirty or by_index_version != ctx.snapshot.version or by_index.items.len != ctx.snapshot.endpoints.len))
+        try rebuildIndex(ctx.snapshot);
+    for (out, ctx.candidates) |*o, c| {
+        const st = if (history) by_index.items[c] else null;
+        o.* = seedScore(&ctx.snapshot.endpoints[c], st, adapter);
+    }
+}
+
+// -- state for hot swap -----------------------------------------------------------------
+// [1, last_reconcile_ms?, [[endpoint, [[adapter, inflight, last_pre_ms]…]]…],
+//  [[request_id, endpoint, adapter, at_ms]…]]
+
+const state_format: i64 = 1;
+
+pub fn exportState(w: *sdk.Writer) sdk.Error!void {
+    try w.arrayHeader(4);
+    try w.int(state_format);
+    if (last_reconcile_ms) |t| try w.int(t) else try w.nil();
+    try w.arrayHeader(endpoints.count());
+    var it = endpoints.iterator();
+    while (it.next()) |kv| {
+        try w.arrayHeader(2);
+        try w.str(kv.key_ptr.*);
+        const st = kv.value_ptr.*;
+        try w.arrayHeader(st.adapters.count());
+        var ait = st.adapters.iterator();
+        while (ait.next()) |a| {
+            try w.arrayHeader(3);
+            try w.str(a.key_ptr.*);
+            try w.int(a.value_ptr.inflight);
+            try w.int(a.value_ptr.last_pre_ms);
+        }
+    }
+    try w.arrayHeader(requests.count());
+    var rit = requests.iterator();
+    while (rit.next()) |kv| {
+        try w.arrayHeader(4);
+        try w.str(kv.key_ptr.*);
+        try w.str(kv.value_ptr.endpoint);
+        try w.str(kv.value_ptr.adapter);
+        try w.int(kv.value_ptr.at_ms);
+    }
+}
+
+fn fixedArray(r: *sdk.Reader, comptime what: []const u8, n: u32) sdk.Error!void {
+    const got = try r.arrayLen(what);
+    if (got != n) return sdk.fail(what ++ " has {d} elements, expected {d}", .{ got, n });
+}
+
+pub fn importState(r: *sdk.Reader) sdk.Error!void {
+    clearState();
+    try fixedArray(r, "lora-affinity state", 4);
+    const fmt = try r.int("state format");
+    if (fmt != state_format) return sdk.fail("lora-affinity state format {d} is not {d}", .{ fmt, state_format });
+    last_reconcile_ms = if (r.nil()) null else try r.int("state last_reconcile_ms");
+    const n_eps = try r.arrayLen("state endpoints");
+    for (0..n_eps) |_| {
+        try fixedArray(r, "state endpoint", 2);
+        const st = try epState(try r.str("state endpoint address"));
+        const n_ad = try r.arrayLen("state endpoint adapters");
+        for (0..n_ad) |_| {
+            try fixedArray(r, "state adapter entry", 3);
+            const h = try hist(st, try r.str("state adapter name"));
+            const inflight = try r.int("state adapter inflight");
+            h.inflight = std.math.cast(u32, inflight) orelse return sdk.fail("state adapter inflight {d} is out of range", .{inflight});
+            h.last_pre_ms = try r.int("state adapter last_pre_ms");
+        }
+    }
+    const n_req = try r.arrayLen("state requests");
+    for (0..n_req) |_| {
+        try fixedArray(r, "state request", 4);
+        const id = try r.str("state request id");
+        const rec: ReqRec = .{
+            .endpoint = try gpa.dupe(u8, try r.str("state request endpoint")),
+            .adapter = try gpa.dupe(u8, try r.str("state request adapter")),
+            .at_ms = try r.int("state request at_ms"),
+        };
+        const gop = try requests.getOrPut(gpa, id);
+        if (gop.found_existing) {
+            gpa.free(rec.endpoint);
+            gpa.free(rec.adapter);
+            return sdk.fail("state request id '{s}' appears twice", .{id});
+        }
+        gop.key_ptr.* = gpa.dupe(u8, id) catch |e| {
+            requests.removeByPtr(gop.key_ptr);
+            gpa.free(rec.endpoint);
+            gpa.free(rec.adapter);
+            return e;
+        };
+        gop.value_ptr.* = rec;
+    }
+    by_index_dirty = true;
+}
+
+comptime {
+    sdk.exportPolicy(@This());
+}
