@@ -100,20 +100,30 @@ class MetricsPage:
         self._rendered: PageState | None = None
         self._text = b""
 
-    def capture(self) -> PageState:
-        """The replica's state now, with the LoRA series recorded at its last step."""
+    def record(self) -> None:
+        """Record the LoRA series as vLLM does after an engine step: the current
+        (running, waiting) adapter labels get the time of the replica's last step.
+
+        The HTTP driver calls this after every step; the virtual-time driver only at
+        scrapes (where it is cheaper and what a reader sees differs only in which
+        short-lived label combinations are on the page)."""
+        if self._lora is None:
+            return
         r = self._replica
-        series: tuple[tuple[str, str, float], ...] = ()
-        if self._lora is not None:
-            hist = self._history
-            combo = (",".join(r.running_adapters()), ",".join(r.waiting_adapters()))
-            at = self._origin + r.last_step_at
-            if hist.get(combo, -1.0) < at:
-                hist[combo] = at
-                hist.move_to_end(combo)
-                while len(hist) > LORA_SERIES_KEPT:
-                    hist.popitem(last=False)
-            series = tuple((run, wait, t) for (run, wait), t in hist.items())
+        hist = self._history
+        combo = (",".join(r.running_adapters()), ",".join(r.waiting_adapters()))
+        at = self._origin + r.last_step_at
+        if hist.get(combo, -1.0) < at:
+            hist[combo] = at
+            hist.move_to_end(combo)
+            while len(hist) > LORA_SERIES_KEPT:
+                hist.popitem(last=False)
+
+    def capture(self) -> PageState:
+        """The replica's state now (the LoRA series recorded first)."""
+        r = self._replica
+        self.record()
+        series = tuple((run, wait, t) for (run, wait), t in self._history.items())
         return PageState(r.num_running, r.num_waiting, r.kv.usage, series)
 
     def render(self, state: PageState | None = None) -> bytes:

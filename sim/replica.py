@@ -91,8 +91,9 @@ class EngineRequest:
 class StepOutput:
     """What :meth:`Replica.advance` reports: who got a token, who finished, and when."""
 
-    emitted: list[tuple[EngineRequest, float]] = field(default_factory=list)
-    """(request, time) for every output token produced, in time order."""
+    emitted: list[tuple[EngineRequest, int, float]] = field(default_factory=list)
+    """(request, token number counted from 1, time) for every output token produced,
+    in time order."""
     finished: list[EngineRequest] = field(default_factory=list)
 
 
@@ -386,7 +387,7 @@ class Replica:
             self.generation_tokens += 1
             if req.first_token_at is None:
                 req.first_token_at = t
-            out.emitted.append((req, t))
+            out.emitted.append((req, req.output_tokens, t))
             if req.output_tokens >= req.max_tokens:
                 req.status = Status.FINISHED
                 req.finished_at = t
