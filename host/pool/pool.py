@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -141,7 +142,7 @@ class Pool:
         self._snapshot = PoolSnapshot.build(abi.Snapshot(version=0, timestamp_ms=0))
         self._published: tuple[tuple[abi.EndpointMetrics, EndpointInfo], ...] = ()
         self._tg: anyio.abc.TaskGroup | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._tls: ssl.SSLContext | None = None
         self._pending: set[_Endpoint] = set()
         self._round_done: anyio.Event | None = None
         self.set_endpoints(specs)
@@ -239,20 +240,19 @@ class Pool:
         (doubling from the interval up to :data:`MAX_BACKOFF_MS`). Nothing a model
         server does ends ``run``.
 
-        Resources: one ``httpx.AsyncClient`` (keep-alive, environment proxies ignored)
-        shared by all loops, closed on exit.
+        Resources: each endpoint loop owns one ``httpx.AsyncClient`` holding one
+        kept-alive connection (environment proxies ignored), closed when the loop ends;
+        the loops share one TLS context. Not one client shared by all loops: httpcore's
+        pool scans every connection on every request, which made a shared client cost
+        O(endpoints) per scrape — measured at 64 endpoints, 2.9 of 4.2 profiled seconds.
         """
         if self._tg is not None:
             raise RuntimeError("Pool.run is already running")
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        # Loading the CA bundle costs ~16 ms: once per run, not once per endpoint.
+        self._tls = ssl.create_default_context()
         try:
-            async with (
-                httpx.AsyncClient(
-                    timeout=self._timeout_s, limits=limits, trust_env=False
-                ) as client,
-                anyio.create_task_group() as tg,
-            ):
-                self._client, self._tg = client, tg
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
                 try:
                     for ep in self._endpoints.values():
                         self._start(ep)
@@ -266,7 +266,7 @@ class Pool:
                     tg.cancel_scope.cancel()  # the loops end with the ticker, whatever ended it
         finally:
             # Only here, once every loop has exited, may their state be reset.
-            self._client, self._tg = None, None
+            self._tg = None
             self._pending, self._round_done = set(), None
             for ep in self._endpoints.values():
                 ep.busy, ep.scope, ep.wake = False, None, None
@@ -310,23 +310,28 @@ class Pool:
     async def _loop(self, ep: _Endpoint) -> None:
         assert ep.scope is not None
         with ep.scope:
-            while True:
-                assert ep.wake is not None
-                await ep.wake.wait()
-                ep.wake = anyio.Event()
-                try:
-                    await self._scrape(ep)
-                finally:
-                    self._finished(ep)
+            async with httpx.AsyncClient(
+                timeout=self._timeout_s,
+                limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+                trust_env=False,
+                verify=self._tls or True,
+            ) as client:
+                while True:
+                    assert ep.wake is not None
+                    await ep.wake.wait()
+                    ep.wake = anyio.Event()
+                    try:
+                        await self._scrape(ep, client)
+                    finally:
+                        self._finished(ep)
 
-    async def _scrape(self, ep: _Endpoint) -> None:
+    async def _scrape(self, ep: _Endpoint, client: httpx.AsyncClient) -> None:
         """Fetch and parse once; record the result on ``ep``. Never raises ScrapeError."""
-        assert self._client is not None
         url = ep.spec.url
         try:
             try:
                 with anyio.fail_after(self._timeout_s):
-                    response = await self._client.get(url)
+                    response = await client.get(url)
             except (TimeoutError, httpx.TimeoutException) as exc:
                 raise ScrapeError(
                     url, f"no answer within {self._timeout_ms:g} ms", kind="timeout"
