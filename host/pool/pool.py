@@ -396,6 +396,9 @@ class Pool:
         view = []
         for ep in self._endpoints.values():
             if ep.metrics is None or ep.last_success is None:
+                # Exported as not fresh, so an alert on fresh == 0 also sees endpoints
+                # that never answered; they stay out of the snapshot.
+                telemetry.ENDPOINT_FRESH.labels(ep.spec.address).set(0)
                 continue
             age = now - ep.last_success
             fresh = age <= self._stale_after_s

@@ -344,3 +344,46 @@ async def test_run_twice_at_once_is_refused(fake_vllm, fake_clock):
     async with running(pool):
         with pytest.raises(RuntimeError, match="Pool.run is already running"):
             await pool.run()
+
+
+# --- engines and URLs -------------------------------------------------------------------
+
+
+async def test_the_spec_engine_and_metrics_url_are_used_and_the_address_is_the_identity(
+    fake_vllm, fake_clock
+):
+    sglang = fake_vllm(
+        "sglang:num_queue_reqs 4\nsglang:num_running_reqs 1\nsglang:token_usage 0.5\n"
+    )
+    spec = EndpointSpec(address="pod-a:30000", metrics_url=sglang.url, engine="sglang")
+    pool = Pool([spec], clock=fake_clock, scrape_interval_ms=INTERVAL_MS)
+    async with running(pool):
+        (metrics,) = pool.snapshot.snapshot.endpoints
+        assert (metrics.address, metrics.waiting, metrics.running, metrics.kv_usage) == (
+            "pod-a:30000", 4, 1, 0.5
+        )
+        assert sample("epick_endpoint_fresh", endpoint="pod-a:30000") == 1
+
+
+async def test_an_endpoint_hung_for_good_still_goes_stale_on_the_next_tick(
+    fake_vllm, fake_clock
+):
+    server = fake_vllm()
+    pool = make_pool([server], fake_clock, stale_after_ms=1000, timeout_ms=5000)
+    async with running(pool):
+        server.hang = True
+        await hits_grow_by(server, 1)  # no scrape will finish for 5 s
+        fake_clock.advance(1.5)
+        await eventually(lambda: not pool.snapshot.info[0].fresh, timeout=1.0)
+        assert status_of(pool, server).failures == 0  # nothing failed yet: it just hangs
+
+
+async def test_an_endpoint_that_never_answered_is_exported_as_not_fresh(fake_vllm, fake_clock):
+    dead = fake_vllm()
+    dead.stop()
+    pool = make_pool([dead], fake_clock)
+    async with running(pool):
+        assert sample("epick_endpoint_fresh", endpoint=dead.address) == 0
+        assert telemetry.REGISTRY.get_sample_value(
+            "epick_endpoint_scrape_age_seconds", {"endpoint": dead.address}
+        ) is None
