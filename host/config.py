@@ -29,6 +29,7 @@ __all__ = [
     "AdmissionConfig",
     "RuntimeConfig",
     "AdminConfig",
+    "ExtProcConfig",
     "load",
     "loads",
     "resolve_module",
@@ -133,6 +134,27 @@ class AdminConfig(_Table):
         return os.environ.get(ADMIN_TOKEN_ENV) or self.token
 
 
+class ExtProcConfig(_Table):
+    """The Envoy ext_proc adapter (docs/envoy.md): Envoy asks epick where each request goes."""
+
+    listen: Address | Literal[""] = ""
+    """Where the ``envoy.service.ext_proc.v3.ExternalProcessor`` server listens; empty = off."""
+    base_model: str = ""
+    """A body ``model`` equal to this is a base-model request; any other value names a LoRA
+    adapter of it (vLLM's naming). Required when ``listen`` is set."""
+    failure_mode: Literal["open", "closed"] = "closed"
+    """When epick fails to decide (an internal error): ``open`` lets the request through
+    without a destination (Envoy's default route takes it), ``closed`` answers 503."""
+    fallbacks: Annotated[int, Meta(ge=0, le=64)] = 0
+    """Endpoints after the primary in the header and metadata (at most
+    ``[server].fallbacks``). 0 by default: Envoy's ORIGINAL_DST routes on one address."""
+    metadata_namespace: Annotated[str, Meta(min_length=1)] = "envoy.lb"
+
+    def __post_init__(self) -> None:
+        if self.listen and not self.base_model:
+            raise ValueError("ext_proc.base_model is required when ext_proc.listen is set")
+
+
 class Config(_Table):
     version: int
     server: ServerConfig = ServerConfig()
@@ -141,6 +163,7 @@ class Config(_Table):
     admission: AdmissionConfig = AdmissionConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     admin: AdminConfig = AdminConfig()
+    ext_proc: ExtProcConfig = ExtProcConfig()
 
     def __post_init__(self) -> None:
         if self.version != CONFIG_VERSION:
