@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover
 
     PolicyLoadError = PolicyCallError  # type: ignore[misc]
 
-__all__ = ["PolicyCallError", "PolicyLoadError", "ep", "snap", "score_input", "pre", "post"]
+__all__ = ["PolicyCallError", "PolicyLoadError", "ep", "snap", "score_input", "pre", "post", "memory_bytes"]
 
 
 def ep(address: str, **fields) -> abi.EndpointMetrics:
@@ -44,3 +44,10 @@ def pre(endpoint: str, timestamp_ms: int = 0, **request) -> bytes:
 
 def post(endpoint: str, timestamp_ms: int = 0, **fields) -> bytes:
     return abi.encoder.encode(abi.PostResponseEvent(endpoint=endpoint, timestamp_ms=timestamp_ms, **fields))
+
+
+def memory_bytes(inst) -> int:
+    """The instance's linear-memory size (the runtime has no public accessor yet)."""
+    if hasattr(inst, "memory_bytes"):
+        return inst.memory_bytes()
+    return inst._memory.size
