@@ -32,7 +32,9 @@ from epick.runtime.errors import (
 from epick.runtime.instance import PolicyInstance
 from epick.runtime.limits import Limits
 from epick.runtime.module import PolicyModule
+from epick.runtime.plugin import WasmPolicy
 from epick.runtime.runtime import Runtime
+from epick.runtime.validate import validate
 
 __all__ = [
     "Limits",
@@ -48,7 +50,3 @@ __all__ = [
     "PolicyTimeout",
     "PolicyOutputError",
 ]
-
-
-def __getattr__(name: str):  # placeholder until plugin/validate land
-    raise AttributeError(name)

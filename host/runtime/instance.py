@@ -48,6 +48,8 @@ __all__ = ["PolicyInstance", "SCORE_SENTINEL", "MAX_ERROR_BYTES"]
 #: Bit pattern written into unfilled score slots (a quiet NaN with a marker payload).
 SCORE_SENTINEL = np.uint64(0x7FF8_E91C_5C0E_0BAD)
 _KEEP_SENTINEL = np.uint8(0xFF)
+_ONE_BITS = np.float64(1.0).view(np.uint64)
+_max_bits = np.maximum.reduce
 #: The longest guest error message reported; longer ones are cut.
 MAX_ERROR_BYTES = 256
 
@@ -114,6 +116,7 @@ class PolicyInstance:
         self._out_ptr = self._out_slots = 0
         self._out_f64 = self._out_u64 = np.empty(0)
         self._out_u8 = np.empty(0, dtype=np.uint8)
+        self._out_mv = memoryview(b"")
         self._grow_input(_INITIAL_INPUT)
         self._grow_output(_INITIAL_OUTPUT_SLOTS)
         self.init(params)
@@ -134,38 +137,52 @@ class PolicyInstance:
         are returned as written. Raises PolicyCallError / PolicyTrap / PolicyTimeout, and
         PolicyOutputError when the guest wrote a wrong number of scores.
         """
+        return self.score_checked(blob, n)[0]
+
+    def score_checked(self, blob: bytes, n: int) -> tuple[np.ndarray, bool]:
+        """:meth:`score`, plus whether every score is in [0, 1] (no NaN, no inf).
+
+        One pass answers both that and the count check, so callers that judge scores
+        (``WasmPolicy``) need not scan them again.
+        """
         func = self._score
         if func is None:
             raise self._missing("score")
         if not self._lock.acquire(False):
             raise self._busy()
         try:
-            self._check_ticker()
+            if not self._ticker.running:
+                self._check_ticker()
             size = len(blob)
             if size > self._in_cap:
                 self._grow_input(size)
             self._in_mv[:size] = blob
             if n >= self._out_slots:
                 self._grow_output(n + 1)
-            bits = self._out_u64
-            bits[: n + 1] = SCORE_SENTINEL
+            self._out_mv[: 8 * (n + 1)] = self._sentinels[: 8 * (n + 1)]
             status = func.call3(self._in_ptr, size, self._out_ptr)
             if status:
                 raise PolicyCallError(self.name, "score", status, self._error_message())
-            if bits[n] != SCORE_SENTINEL:
+            if self._out_u64[n] != SCORE_SENTINEL:
                 raise PolicyOutputError(
                     self.name, "score", f"score wrote more than the {n} scores asked for"
                 )
-            written = bits[:n] != SCORE_SENTINEL
-            if not written.all():
-                raise PolicyOutputError(
-                    self.name, "score",
-                    f"score wrote {int(written.sum())} of {n} scores "
-                    f"(first missing: candidate {int(np.argmin(written))})",
-                )
-            return self._out_f64[:n].copy()
+            scores = self._out_f64[:n].copy()
         finally:
             self._lock.release()
+        # Non-negative doubles order like their bit patterns, and every NaN (the sentinel
+        # included), inf and negative number has a pattern above 1.0's: one max() over
+        # the bits tells "all in [0, 1]".
+        if n == 0 or _max_bits(scores.view(np.uint64)) <= _ONE_BITS:
+            return scores, True
+        written = scores.view(np.uint64) != SCORE_SENTINEL
+        if not written.all():
+            raise PolicyOutputError(
+                self.name, "score",
+                f"score wrote {int(written.sum())} of {n} scores "
+                f"(first missing: candidate {int(np.argmin(written))})",
+            )
+        return scores, False
 
     def filter(self, blob: bytes, n: int) -> np.ndarray:
         """Run ``filter``; returns a bool keep-mask of length ``n`` (a copy).
@@ -279,6 +296,7 @@ class PolicyInstance:
         self._in_mv = memoryview(b"")
         self._out_f64 = self._out_u64 = np.empty(0)
         self._out_u8 = np.empty(0, dtype=np.uint8)
+        self._out_mv = memoryview(b"")
         self._out_slots = self._in_cap = 0
         self._memory = None  # type: ignore[assignment]
         self._store = None  # type: ignore[assignment]
@@ -350,6 +368,8 @@ class PolicyInstance:
         self._out_ptr = self._alloc(slots * 8)
         self._out_slots = slots
         self._out_u8 = self._memory.view(self._out_ptr, slots * 8)
+        self._out_mv = memoryview(self._out_u8)
+        self._sentinels = memoryview(SCORE_SENTINEL.tobytes() * slots)
         self._out_f64 = self._out_u8.view(np.float64)
         self._out_u64 = self._out_u8.view(np.uint64)
 

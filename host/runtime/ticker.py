@@ -1,15 +1,16 @@
 """The epoch ticker: one thread that advances an Engine's epoch every ``period_s``.
 
-Every policy call sets its Store's epoch deadline a few ticks ahead; when the ticker
-crosses it, wasmtime traps the guest with ``INTERRUPT`` (the host reports a
-``PolicyTimeout``). This only works because guest calls go through a ``CDLL`` function
-pointer, which releases the GIL: a guest spinning with the GIL held would starve this
-thread and never be interrupted.
+Every policy call sets its Store's epoch deadline a few ticks ahead (two consecutive
+ticks are at least ``period_s`` apart); when the ticker crosses it, wasmtime traps the
+guest with ``INTERRUPT`` (the host reports a ``PolicyTimeout``). This only works because
+guest calls go through a ``CFUNCTYPE`` pointer, which releases the GIL: a guest spinning
+with the GIL held would starve this thread and never be interrupted.
 
-Resource handling: the thread is started by :meth:`EpochTicker.start` and stopped and
-joined by :meth:`EpochTicker.close` (idempotent). It is a non-daemon thread; so that a
-forgotten ``close()`` cannot hang interpreter exit, it is also stopped by the hook that
-``threading`` runs before joining non-daemon threads.
+Resource handling: :meth:`EpochTicker.start` starts the thread; :meth:`EpochTicker.close`
+stops and joins it (idempotent). It is a non-daemon thread, and it is also stopped when
+the ticker is garbage-collected and by the hook ``threading`` runs before joining
+non-daemon threads at interpreter exit — a forgotten ``close()`` neither leaks the
+thread for ever nor hangs exit.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+import weakref
 
 import wasmtime
 from wasmtime import _ffi as ffi
@@ -30,6 +32,29 @@ _increment_epoch = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(
 )
 
 
+class _Flag:
+    __slots__ = ("running",)
+
+    def __init__(self) -> None:
+        self.running = False
+
+
+def _stop(flag: _Flag) -> None:
+    flag.running = False
+
+
+def _tick(flag: _Flag, engine: wasmtime.Engine, period: float) -> None:
+    # ``engine`` is held so its pointer stays valid while this thread uses it. A relative
+    # sleep, never a catch-up schedule: two ticks are always at least one period apart,
+    # so a deadline of k ticks never fires before (k - 1) periods, even when this thread
+    # was kept waiting for the GIL.
+    ptr = ctypes.cast(engine.ptr(), ctypes.c_void_p).value
+    sleep, inc = time.sleep, _increment_epoch
+    while flag.running:
+        sleep(period)
+        inc(ptr)
+
+
 class EpochTicker:
     """Advances ``engine``'s epoch every ``period_s`` seconds on its own thread."""
 
@@ -37,47 +62,31 @@ class EpochTicker:
         if not period_s > 0:
             raise ValueError(f"EpochTicker period_s must be > 0, got {period_s!r}")
         self.period_s = period_s
-        self._engine = engine  # keeps the engine alive while the thread uses its pointer
-        self._engine_ptr = ctypes.cast(engine.ptr(), ctypes.c_void_p).value
-        self._running = False
+        self._engine = engine
+        self._flag = _Flag()
         self._thread: threading.Thread | None = None
 
     @property
     def running(self) -> bool:
-        return self._running
+        return self._flag.running
 
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("EpochTicker already started")
-        self._running = True
-        self._thread = threading.Thread(target=self._run, name="epick-epoch-ticker")
+        flag = self._flag
+        flag.running = True
+        self._thread = threading.Thread(
+            target=_tick, args=(flag, self._engine, self.period_s), name="epick-epoch-ticker"
+        )
         self._thread.start()
+        weakref.finalize(self, _stop, flag)
         register = getattr(threading, "_register_atexit", None)
-        if register is not None:
-            # Runs before threading joins non-daemon threads at interpreter exit.
-            register(self._stop)
-
-    def _run(self) -> None:
-        sleep, now, inc = time.sleep, time.monotonic, _increment_epoch
-        ptr, period = self._engine_ptr, self.period_s
-        # Tick on an absolute schedule so sleep overshoot does not add up; after a stall
-        # (a suspended process) skip the missed ticks instead of bursting them.
-        due = now() + period
-        while self._running:
-            delay = due - now()
-            if delay > 0:
-                sleep(delay)
-            inc(ptr)
-            due += period
-            if due < now() - period:
-                due = now() + period
-
-    def _stop(self) -> None:
-        self._running = False
+        if register is not None:  # runs before threading joins non-daemon threads
+            register(_stop, flag)
 
     def close(self) -> None:
         """Stop the thread and wait for it (at most one period). Idempotent."""
-        self._running = False
+        self._flag.running = False
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join()
