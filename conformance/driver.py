@@ -56,6 +56,8 @@ class Driver:
         self.instance = instance
         self.timeout_retries = timeout_retries
         self.timeouts = 0
+        self.calls = 0
+        """Calls made into the instance (retries included)."""
         """Calls that hit the deadline and were retried (or finally raised)."""
         self._encode = encode
         names = exports(instance)
@@ -74,6 +76,7 @@ class Driver:
         ``timeout_retries + 1`` times in a row is really over budget: that one raises.
         """
         for attempt in range(self.timeout_retries + 1):
+            self.calls += 1
             try:
                 return fn(*args)
             except PolicyTimeout:

@@ -33,6 +33,7 @@ import numpy as np
 from epick import abi
 from epick.conformance.driver import Driver, encode, encode_with_future_fields
 from epick.conformance.report import CaseResult
+from epick.conformance.runner import fmt, render
 from epick.runtime.errors import PolicyCallError, PolicyError, PolicyLoadError, PolicyTimeout
 
 __all__ = ["PROPERTIES", "Probe", "probe_snapshot", "run_properties"]
@@ -141,7 +142,7 @@ def _bad_values(out: np.ndarray, n: int) -> str | None:
     bad = ~np.isfinite(out) | (out < 0) | (out > 1)
     if bad.any():
         i = int(np.argmax(bad))
-        return f"candidate {i} scored {out[i]!r} (not a finite number in [0, 1])"
+        return f"candidate {i} scored {fmt(out[i])} (not a finite number in [0, 1])"
     return None
 
 
@@ -185,7 +186,7 @@ def deterministic(p: Probe) -> CaseResult:
     if not np.array_equal(twice[0], twice[1]):
         return _result(
             "deterministic", False, "same output", "changed",
-            f"the same call twice in a row gave {twice[0]} then {twice[1]}", t0,
+            f"the same call twice in a row gave {render(twice[0])} then {render(twice[1])}", t0,
         )
     first = _same(p.script(a), p.script(b))
     if first is not None:
@@ -209,7 +210,7 @@ def candidate_counts(p: Probe) -> CaseResult:
         except PolicyError as exc:
             return _result(
                 "candidate-counts", False, "0, 1, 1024 results", f"{len(candidates)}: error",
-                f"{len(candidates)} candidates: {exc}", t0,
+                f"{len(candidates)} candidates: {type(exc).__name__}: {exc}", t0,
             )
         bad = _bad_values(out, len(candidates))
         if bad:
@@ -233,7 +234,7 @@ def ignores_future_fields(p: Probe) -> CaseResult:
         return _result(
             "ignores-future-fields", False, "same outputs", f"call {first} differs",
             f"with unknown trailing fields in every payload, probe call {first} gave "
-            f"{future[first]} instead of {plain[first]}", t0,
+            f"{render(future[first])} instead of {render(plain[first])}", t0,
         )
     return _result(
         "ignores-future-fields", True, "same outputs", "same",
@@ -255,8 +256,8 @@ def resident_matches_inline(p: Probe) -> CaseResult:
     if first is not None:
         return _result(
             "resident-matches-inline", False, "same outputs", f"call {first} differs",
-            f"probe call {first}: set_snapshot + nil gave {a[first]}, the inline snapshot "
-            f"{b[first]}", t0,
+            f"probe call {first}: set_snapshot + nil gave {render(a[first])}, the inline "
+            f"snapshot {render(b[first])}", t0,
         )
     return _result(
         "resident-matches-inline", True, "same outputs", "same",
@@ -334,7 +335,9 @@ def bad_input_is_an_error(p: Probe) -> CaseResult:
         d.forget_snapshot()
         after = d.call(snap, req, range(8))
         if not np.array_equal(before, after):
-            wrong.append(f"after the bad inputs the same call gives {after}, before {before}")
+            wrong.append(
+                f"after the bad inputs the same call gives {render(after)}, before {render(before)}"
+            )
     expected = f"PolicyCallError for each of {len(cases)} bad inputs"
     if wrong:
         return _result(
@@ -426,12 +429,31 @@ def memory_stable(p: Probe, calls: int = 10_000, warmup: int = 1_000) -> CaseRes
     t0 = time.perf_counter()
     d = p.driver()
     inst = d.instance
-    n = 64
+    hooks = inst.has("pre_request") and inst.has("post_response")
+    try:
+        made, at_warmup = _churn(d, calls, warmup, 64, hooks)
+    except PolicyError as exc:
+        return _result(
+            "memory-stable", False, f"stable after {warmup} calls", "error",
+            f"a bounded workload failed at call {d.calls}: {type(exc).__name__}: {exc}"
+            " (a leak that reached the memory cap?)", t0,
+        )
+    end = _memory_bytes(inst)
+    ok = end <= at_warmup
+    return _result(
+        "memory-stable", ok, f"{at_warmup} bytes after {warmup} calls",
+        f"{end} bytes after {made}",
+        f"linear memory {at_warmup} bytes after {warmup} calls, {end} after {made}"
+        + ("" if ok else f": grew by {end - at_warmup} bytes"), t0,
+    )
+
+
+def _churn(d: Driver, calls: int, warmup: int, n: int, hooks: bool):
+    """The memory-stable workload; returns (calls made, memory size at ``warmup``)."""
     made = 0
     at_warmup = None
     version = 0
     snap = probe_snapshot(n)
-    hooks = inst.has("pre_request") and inst.has("post_response")
     while made < calls:
         if made % 60 == 0:
             version += 1
@@ -453,15 +475,8 @@ def memory_stable(p: Probe, calls: int = 10_000, warmup: int = 1_000) -> CaseRes
                 )
                 made += 2
             if at_warmup is None and made >= warmup:
-                at_warmup = _memory_bytes(inst)
-    end = _memory_bytes(inst)
-    ok = end <= at_warmup
-    return _result(
-        "memory-stable", ok, f"{at_warmup} bytes after {warmup} calls",
-        f"{end} bytes after {made}",
-        f"linear memory {at_warmup} bytes after {warmup} calls, {end} after {made}"
-        + ("" if ok else f": grew by {end - at_warmup} bytes"), t0,
-    )
+                at_warmup = _memory_bytes(d.instance)
+    return made, at_warmup
 
 
 def reinit_resets_state(p: Probe) -> CaseResult:
@@ -477,8 +492,8 @@ def reinit_resets_state(p: Probe) -> CaseResult:
     if first is not None:
         return _result(
             "reinit-resets-state", False, "a fresh instance's outputs", f"call {first} differs",
-            f"after init, probe call {first} gave {again[first]}, a fresh instance "
-            f"{fresh[first]}", t0,
+            f"after init, probe call {first} gave {render(again[first])}, a fresh instance "
+            f"{render(fresh[first])}", t0,
         )
     note = "" if changed else " (the probe history did not change this policy's outputs)"
     return _result(

@@ -32,7 +32,7 @@ from epick.conformance.schema import (
 )
 from epick.conformance.vectors import LoadedCase
 
-__all__ = ["run_case", "run_cases", "fmt"]
+__all__ = ["run_case", "run_cases", "fmt", "render"]
 
 
 def fmt(x: float) -> str:
@@ -44,7 +44,7 @@ def fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
-def _render(values: Sequence) -> str:
+def render(values: Sequence) -> str:
     return "[" + ", ".join(fmt(v) for v in values) + "]"
 
 
@@ -138,10 +138,10 @@ def _compare(case: Case, got: np.ndarray) -> list[str]:
 def _expected_text(case: Case) -> str:
     e = case.expect
     if e.scores is not None:
-        return _render(e.scores)
+        return render(e.scores)
     if e.order is not None:
         return "order " + " > ".join(str(case.candidate_indices[p]) for p in e.order)
-    return _render(e.keep)
+    return render(e.keep)
 
 
 def run_case(module, loaded: LoadedCase) -> CaseResult:
@@ -181,7 +181,7 @@ def run_case(module, loaded: LoadedCase) -> CaseResult:
     return CaseResult(
         name=case.name,
         expected=expected,
-        got=_render(got),
+        got=render(got),
         verdict="fail" if diffs else "pass",
         why=why,
         seconds=seconds,
