@@ -48,11 +48,18 @@ class Driver:
     """One policy instance plus the host's delivery rules; see the module docstring."""
 
     def __init__(
-        self, instance, *, encode=encode, inline: bool = False, timeout_retries: int = 2
+        self,
+        instance,
+        *,
+        encode=encode,
+        inline: bool = False,
+        use: str | None = None,
+        timeout_retries: int = 2,
     ) -> None:
         """``encode`` turns payload Structs into bytes; ``inline=True`` never uses
-        ``set_snapshot`` (to compare both delivery paths); ``timeout_retries``: see
-        :meth:`_call`."""
+        ``set_snapshot`` (to compare both delivery paths); ``use`` is the export
+        :meth:`call` makes (default ``score`` when exported, else ``filter``);
+        ``timeout_retries``: see :meth:`_call`."""
         self.instance = instance
         self.timeout_retries = timeout_retries
         self.timeouts = 0
@@ -66,6 +73,7 @@ class Driver:
         self.can_filter = "filter" in names
         self.has_pre_request = "pre_request" in names
         self.has_post_response = "post_response" in names
+        self.use = use or ("score" if self.can_score else "filter")
         self._snapshot: abi.Snapshot | None = None
 
     def _call(self, fn, *args):
@@ -113,8 +121,8 @@ class Driver:
         self._snapshot = None
 
     def call(self, snap: abi.Snapshot, request: abi.Request, candidates) -> np.ndarray:
-        """``score`` when the policy exports it, else ``filter``."""
-        if self.can_score:
+        """The export chosen by ``use``: scores, or a keep-mask."""
+        if self.use == "score":
             return self.score(snap, request, candidates)
         return self.filter(snap, request, candidates)
 

@@ -22,6 +22,7 @@ pool (:func:`probe_snapshot`), so every run makes the same calls.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass
@@ -89,9 +90,11 @@ class Probe:
 
     module: object
     params: dict
+    export: str | None = None
+    """``score`` or ``filter``: which one the call-based properties exercise."""
 
     def driver(self, **kw) -> Driver:
-        return Driver(self.module.instantiate(self.params), **kw)
+        return Driver(self.module.instantiate(self.params), use=self.export, **kw)
 
     def script(self, d: Driver) -> list[np.ndarray]:
         """The standard call sequence: 3 snapshots, scores/filters, hooks. Its outputs."""
@@ -289,8 +292,8 @@ def bad_input_is_an_error(p: Probe) -> CaseResult:
     before = d.call(snap, req, range(8))
     inst = d.instance
     score_input = encode(abi.ScoreInput(snapshot=snap, request=req, candidates=tuple(range(8))))
-    run = inst.score if d.can_score else inst.filter
-    call = "score" if d.can_score else "filter"
+    call = d.use
+    run = getattr(inst, call)
     cases: list[tuple[str, Callable[[], object]]] = []
     for label, blob in _bad_inputs(score_input):
         cases.append((f"{call}: {label}", lambda blob=blob: run(blob, 8)))
@@ -327,7 +330,7 @@ def bad_input_is_an_error(p: Probe) -> CaseResult:
             wrong.append(f"{label} -> {type(exc).__name__}: {exc.detail}")
             d = p.driver()  # a trapped instance is not to be trusted; go on with a fresh one
             inst = d.instance
-            run = inst.score if d.can_score else inst.filter
+            run = getattr(inst, call)
             d.call(snap, req, range(8))
             continue
         wrong.append(f"{label} -> accepted (no error)")
@@ -397,7 +400,7 @@ def time_budget(p: Probe) -> CaseResult:
             snap_r = msgspec.structs.replace(snap, version=rep + 1, timestamp_ms=10_000 + 1_500 * rep)
             if d.resident:
                 timed("set_snapshot", lambda: d.snapshot(snap_r))
-            timed(d.can_score and "score" or "filter", lambda: d.call(snap_r, long_req, range(n)))
+            timed(d.use, lambda: d.call(snap_r, long_req, range(n)))
             if d.instance.has("pre_request"):
                 ev = abi.PreRequestEvent(request=long_req, endpoint=_addr(rep), timestamp_ms=snap_r.timestamp_ms)
                 timed("pre_request", lambda: d.pre_request(ev))
@@ -520,20 +523,38 @@ def _name(fn: Callable) -> str:
     return "property/" + fn.__name__.replace("_", "-")
 
 
+#: Properties about init, not about what score/filter return: run once per module.
+_EXPORT_FREE = (bad_params_are_refused,)
+
+
+def _run_one(prop: Callable[[Probe], CaseResult], probe: Probe) -> CaseResult:
+    t0 = time.perf_counter()
+    try:
+        return prop(probe)
+    except Exception as exc:  # a policy error outside the property's own checks
+        return CaseResult(
+            name=_name(prop), expected="(no error)", got="(error)", verdict="error",
+            why=f"{_name(prop)}: {type(exc).__name__}: {exc}", group="property",
+            seconds=time.perf_counter() - t0,
+        )
+
+
 def run_properties(module, params: dict) -> list[CaseResult]:
-    """Every property, each isolated: one that errors does not stop the others."""
-    probe = Probe(module=module, params=dict(params))
-    out = []
-    for prop in PROPERTIES:
-        t0 = time.perf_counter()
-        try:
-            out.append(prop(probe))
-        except Exception as exc:  # a policy error outside the property's own checks
-            out.append(
-                CaseResult(
-                    name=_name(prop), expected="(no error)", got="(error)", verdict="error",
-                    why=f"{_name(prop)}: {type(exc).__name__}: {exc}", group="property",
-                    seconds=time.perf_counter() - t0,
-                )
-            )
+    """Every property, each isolated: one that errors does not stop the others.
+
+    A module exporting both ``score`` and ``filter`` gets the call-based properties
+    twice; the ``filter`` rows are named ``property/<name> [filter]``.
+    """
+    exported = module.exports
+    uses = [u for u in ("score", "filter") if u in exported] or ["score"]
+    out = [_run_one(prop, Probe(module, dict(params), uses[0])) for prop in PROPERTIES]
+    for use in uses[1:]:
+        probe = Probe(module, dict(params), use)
+        for prop in PROPERTIES:
+            if prop in _EXPORT_FREE:
+                continue
+            r = _run_one(prop, probe)
+            name = f"{r.name} [{use}]"
+            why = r.why.replace(f"{r.name}: ", f"{name}: ", 1) if not r.passed else r.why
+            out.append(dataclasses.replace(r, name=name, why=why))
     return out
