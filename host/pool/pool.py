@@ -26,6 +26,7 @@ import anyio
 import httpx
 import msgspec
 from anyio.abc import TaskStatus
+from prometheus_client import Gauge
 
 from epick import abi, telemetry
 from epick.pool.errors import ScrapeError
@@ -75,11 +76,16 @@ class _Endpoint:
     not_before: float = -math.inf  # event-loop time before which it is not scraped
     wake: anyio.Event | None = None
     scope: anyio.CancelScope | None = None
+    # This endpoint's telemetry series, looked up once: labels() per round per endpoint
+    # was most of an unchanged round's ~200 us at 64 endpoints.
+    fresh_gauge: Gauge = None  # type: ignore[assignment]  # set in of()
+    age_gauge: Gauge | None = None
 
     @classmethod
     def of(cls, spec: EndpointSpec) -> "_Endpoint":
         ep = cls(spec=spec, info_fresh=EndpointInfo(), info_stale=EndpointInfo())
         ep.set_spec(spec)
+        ep.fresh_gauge = telemetry.ENDPOINT_FRESH.labels(spec.address)
         return ep
 
     def set_spec(self, spec: EndpointSpec) -> None:
@@ -398,12 +404,14 @@ class Pool:
             if ep.metrics is None or ep.last_success is None:
                 # Exported as not fresh, so an alert on fresh == 0 also sees endpoints
                 # that never answered; they stay out of the snapshot.
-                telemetry.ENDPOINT_FRESH.labels(ep.spec.address).set(0)
+                ep.fresh_gauge.set(0)
                 continue
             age = now - ep.last_success
             fresh = age <= self._stale_after_s
-            telemetry.ENDPOINT_FRESH.labels(ep.spec.address).set(1 if fresh else 0)
-            telemetry.ENDPOINT_SCRAPE_AGE.labels(ep.spec.address).set(max(age, 0.0))
+            ep.fresh_gauge.set(1 if fresh else 0)
+            if ep.age_gauge is None:  # only once there is an age: no made-up 0 before
+                ep.age_gauge = telemetry.ENDPOINT_SCRAPE_AGE.labels(ep.spec.address)
+            ep.age_gauge.set(max(age, 0.0))
             view.append((ep.metrics, ep.info_fresh if fresh else ep.info_stale))
         published = tuple(view)
         if published == self._published:
