@@ -150,7 +150,7 @@ class WasmPolicy:
             if not finite.all():
                 bad = int(np.argmin(finite))
                 exc = PolicyOutputError(
-                    self.name, "score", f"score {scores[bad]!r} for candidate {bad} is not finite"
+                    self.name, "score", f"score {float(scores[bad])!r} for candidate {bad} is not finite"
                 )
                 raise self._failed("score", exc, t0) from None
             self.stats.out_of_range += int(np.count_nonzero((scores < 0.0) | (scores > 1.0)))

@@ -2,7 +2,7 @@
 ;; count / 1000. State (export_state/import_state) is 8 bytes: count, snapshots (the
 ;; number of set_snapshot calls), both little-endian i32.
 ;; To let tests crash it on demand, pre_request traps (unreachable) when its input is
-;; longer than 255 bytes (tests send a long prompt).
+;; longer than 4000 bytes (tests send a long prompt).
 (module
   ;; @include _abi.wat
   ;; @include _msgpack.wat
@@ -23,7 +23,7 @@
     (global.set $snapshots (i32.add (global.get $snapshots) (i32.const 1)))
     (i32.const 0))
   (func (export "pre_request") (param $p i32) (param $len i32) (result i32)
-    (if (i32.gt_u (local.get $len) (i32.const 255)) (then unreachable))
+    (if (i32.gt_u (local.get $len) (i32.const 4000)) (then unreachable))
     (global.set $count (i32.add (global.get $count) (i32.const 1)))
     (i32.const 0))
   (func (export "post_response") (param i32 i32) (result i32) (i32.const 0))

@@ -1,0 +1,328 @@
+"""WasmPolicy: a module as a scheduler plugin — delivery, failures, recovery, breaker, stats."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from conftest import snapshot, wasm
+from epick import abi
+from epick.runtime import Limits, PolicyError, Runtime, WasmPolicy
+from epick.scheduler.framework import (
+    Cycle,
+    FilterPlugin,
+    PluginError,
+    PoolSnapshot,
+    PostResponsePlugin,
+    PreRequestPlugin,
+    ScorePlugin,
+)
+
+LONG = "x" * 5000  # counter.wat's pre_request traps on inputs over 4000 bytes
+
+
+def cycle(n: int = 3, *, version: int = 1, pool: PoolSnapshot | None = None, prompt: str = "") -> Cycle:
+    pool = pool or PoolSnapshot.build(snapshot(n, version=version))
+    return Cycle(pool=pool, request=abi.Request(model="m", prompt=prompt))
+
+
+def counter_state(policy: WasmPolicy) -> tuple[int, int]:
+    """(pre_request count, set_snapshot count) of a counter.wat policy."""
+    return struct.unpack("<ii", policy.export_state())
+
+
+@pytest.fixture
+def policy(runtime, fake_clock):
+    """``policy(name, **subst)``: a WasmPolicy of ``wat/<name>.wat`` on the fake clock."""
+
+    def make(name: str, *, interval: float = 1.0, **subst: object) -> WasmPolicy:
+        mod = runtime.compile(wasm(name, **subst), name=name)
+        return WasmPolicy(mod, {}, clock=fake_clock, now_ms=lambda: 42, checkpoint_interval_s=interval)
+
+    return make
+
+
+def test_capabilities_follow_the_modules_exports(policy):
+    scorer, filt = policy("counter"), policy("keep_even")
+    assert (scorer.is_scorer, scorer.is_filter, scorer.has_pre_request, scorer.has_post_response,
+            scorer.has_state) == (True, False, True, True, True)
+    assert (filt.is_scorer, filt.is_filter, filt.has_pre_request, filt.has_post_response,
+            filt.has_state) == (False, True, False, False, False)
+    assert isinstance(scorer, (ScorePlugin, FilterPlugin, PreRequestPlugin, PostResponsePlugin))
+
+
+def test_name_module_and_params_are_exposed(runtime):
+    mod = runtime.compile(wasm("counter"), name="counter")
+    plugin = WasmPolicy(mod, {"a": 1}, name="lora")
+    assert (plugin.name, plugin.module, plugin.params) == ("lora", mod, {"a": 1})
+    assert WasmPolicy(mod).name == "counter"
+
+
+def test_score_returns_the_guests_scores(policy):
+    plugin = policy("counter")
+    c = cycle(4)
+    plugin.pre_request(c, "10.0.0.1:8000")
+    assert plugin.score(c, (0, 1, 2, 3)).tolist() == [0.001] * 4
+
+
+def test_the_snapshot_is_delivered_once_per_pool_snapshot(policy):
+    plugin = policy("counter")
+    first = cycle(3, version=1)
+    plugin.score(first, (0, 1, 2))
+    plugin.score(cycle(pool=first.pool), (0, 2))
+    assert counter_state(plugin) == (0, 1)
+    plugin.score(cycle(3, version=2), (1,))
+    assert counter_state(plugin) == (0, 2)
+
+
+def test_a_policy_without_set_snapshot_gets_the_snapshot_inline(policy):
+    plugin = policy("flaky")
+    c = cycle(2)
+    assert plugin.score(c, (0, 1)).tolist() == [0.25, 0.25]
+    assert list(c._inputs) == [(True, (0, 1))]
+
+
+def test_a_resident_policy_gets_score_inputs_without_the_snapshot(policy):
+    plugin = policy("counter")
+    c = cycle(2)
+    plugin.score(c, (0, 1))
+    assert list(c._inputs) == [(False, (0, 1))]
+
+
+def test_filter_returns_the_kept_candidates_in_order(policy):
+    assert policy("keep_even").filter(cycle(6), (5, 4, 3, 1, 0)) == (5, 3, 0)
+
+
+def test_no_candidates_means_no_call(policy):
+    plugin = policy("unreachable")
+    assert plugin.score(cycle(3), ()).tolist() == []
+    assert plugin.stats.calls == 0
+
+
+def test_nan_is_invalid_output(policy):
+    plugin = policy("constant", value="nan", extra=0)
+    with pytest.raises(PluginError) as err:
+        plugin.score(cycle(3), (0, 1, 2))
+    assert (err.value.plugin, err.value.stage, err.value.kind) == ("constant", "score", "invalid-output")
+    assert err.value.reason == "score nan for candidate 0 is not finite"
+
+
+def test_inf_is_invalid_output(policy):
+    with pytest.raises(PluginError) as err:
+        policy("constant", value="inf", extra=0).score(cycle(2), (0, 1))
+    assert err.value.kind == "invalid-output"
+    assert err.value.reason == "score inf for candidate 0 is not finite"
+
+
+def test_a_wrong_count_is_invalid_output(policy):
+    with pytest.raises(PluginError) as err:
+        policy("constant", value="0.5", extra=-1).score(cycle(3), (0, 1, 2))
+    assert err.value.kind == "invalid-output"
+    assert err.value.reason == "score wrote 2 of 3 scores (first missing: candidate 2)"
+
+
+@pytest.mark.parametrize("value, clamped", [("1.5", 1.0), ("-0.25", 0.0)])
+def test_out_of_range_scores_are_clamped_and_counted(policy, value, clamped):
+    plugin = policy("constant", value=value, extra=0)
+    assert plugin.score(cycle(3), (0, 1, 2)).tolist() == [clamped] * 3
+    assert plugin.stats.out_of_range == 3
+    assert plugin.stats.errors == 0
+
+
+def test_a_non_zero_return_is_an_error_with_the_guests_message(policy):
+    with pytest.raises(PluginError) as err:
+        policy("flaky").score(cycle(3), (0, 1, 2))
+    assert str(err.value) == "policy 'flaky' score: error: score returned 3: odd candidate count"
+
+
+def test_a_trap_is_reported_and_the_instance_re_created(policy):
+    plugin = policy("unreachable")
+    with pytest.raises(PluginError) as err:
+        plugin.score(cycle(1), (0,))
+    assert err.value.kind == "trap"
+    assert err.value.reason == "score trapped: wasm trap: wasm `unreachable` instruction executed"
+    assert plugin.stats.recoveries == 1
+
+
+def test_a_timeout_is_retried_once_then_reported(fake_clock):
+    with Runtime(Limits()) as rt:
+        plugin = WasmPolicy(rt.compile(wasm("spin"), name="spin"), clock=fake_clock)
+        with pytest.raises(PluginError) as err:
+            plugin.score(cycle(1), (0,))
+    assert (err.value.kind, err.value.reason) == ("timeout", "score exceeded its 1 ms budget")
+    assert plugin.stats.timeout_retries == 1
+    assert plugin.stats.recoveries == 2  # after the first timeout, and after the retry's
+    assert plugin.stats.errors_by_kind == {"timeout": 1}
+
+
+def test_after_a_trap_the_last_good_state_is_restored(policy, fake_clock):
+    plugin = policy("counter", interval=1.0)
+    c = cycle(2)
+    plugin.pre_request(c, "a")  # first hook: checkpoint (count 1)
+    fake_clock.advance(0.5)
+    plugin.pre_request(c, "a")  # too soon for another checkpoint
+    fake_clock.advance(0.6)
+    plugin.pre_request(c, "a")  # checkpoint (count 3)
+    plugin.pre_request(c, "a")  # count 4, not checkpointed
+    with pytest.raises(PluginError) as err:
+        plugin.pre_request(cycle(2, prompt=LONG), "a")
+    assert (err.value.stage, err.value.kind) == ("pre_request", "trap")
+    assert plugin.score(c, (0, 1)).tolist() == [0.003, 0.003]
+    assert plugin.stats.recoveries == 1
+
+
+def test_after_recovery_the_snapshot_is_delivered_again(policy):
+    plugin = policy("counter", interval=0.0)
+    c = cycle(2)
+    plugin.score(c, (0, 1))
+    plugin.pre_request(c, "a")  # checkpoint: count 1, 1 snapshot
+    with pytest.raises(PluginError):
+        plugin.pre_request(cycle(2, prompt=LONG), "a")
+    plugin.score(c, (0, 1))  # same pool, but the new instance has not seen it
+    assert counter_state(plugin) == (1, 2)
+
+
+def test_without_a_checkpoint_recovery_starts_fresh(policy):
+    plugin = policy("counter")
+    with pytest.raises(PluginError):
+        plugin.pre_request(cycle(2, prompt=LONG), "a")
+    assert counter_state(plugin) == (0, 0)
+
+
+def test_the_breaker_opens_after_consecutive_failures(policy):
+    plugin = policy("flaky")  # Limits.breaker_failures = 5
+    for _ in range(5):
+        with pytest.raises(PluginError) as err:
+            plugin.score(cycle(3), (0, 1, 2))
+        assert err.value.kind == "error"
+    assert plugin.breaker_state == "open"
+    with pytest.raises(PluginError) as err:
+        plugin.score(cycle(2), (0, 1))  # would succeed, but is not even tried
+    assert err.value.kind == "circuit-open"
+    assert err.value.reason == "5 consecutive failures; next trial in 10.0 s"
+    assert plugin.stats.errors_by_kind == {"error": 5, "circuit-open": 1}
+
+
+def test_a_success_resets_the_failure_count(policy):
+    plugin = policy("flaky")
+    for _ in range(4):
+        with pytest.raises(PluginError):
+            plugin.score(cycle(3), (0, 1, 2))
+    plugin.score(cycle(2), (0, 1))
+    with pytest.raises(PluginError) as err:
+        plugin.score(cycle(3), (0, 1, 2))
+    assert err.value.kind == "error"
+    assert plugin.breaker_state == "closed"
+
+
+def test_after_the_cooldown_one_successful_trial_closes_the_breaker(policy, fake_clock):
+    plugin = policy("flaky")
+    for _ in range(5):
+        with pytest.raises(PluginError):
+            plugin.score(cycle(3), (0, 1, 2))
+    fake_clock.advance(9.9)
+    with pytest.raises(PluginError, match="circuit-open"):
+        plugin.score(cycle(2), (0, 1))
+    fake_clock.advance(0.1)
+    assert plugin.score(cycle(2), (0, 1)).tolist() == [0.25, 0.25]
+    assert plugin.breaker_state == "closed"
+
+
+def test_a_failed_trial_reopens_the_breaker_for_another_cooldown(policy, fake_clock):
+    plugin = policy("flaky")
+    for _ in range(5):
+        with pytest.raises(PluginError):
+            plugin.score(cycle(3), (0, 1, 2))
+    fake_clock.advance(10.0)
+    with pytest.raises(PluginError) as err:
+        plugin.score(cycle(3), (0, 1, 2))  # the half-open trial, which fails
+    assert err.value.kind == "error"
+    assert plugin.breaker_state == "open"
+    fake_clock.advance(5.0)
+    with pytest.raises(PluginError, match="circuit-open"):
+        plugin.score(cycle(2), (0, 1))
+
+
+def test_hooks_go_through_the_breaker_too(policy):
+    plugin = policy("counter")
+    for _ in range(5):
+        with pytest.raises(PluginError):
+            plugin.pre_request(cycle(1, prompt=LONG), "a")
+    with pytest.raises(PluginError) as err:
+        plugin.post_response(abi.PostResponseEvent(request_id="r"))
+    assert (err.value.stage, err.value.kind) == ("post_response", "circuit-open")
+
+
+def test_stats_count_calls_and_latency(policy):
+    plugin = policy("counter")
+    c = cycle(2)
+    for _ in range(10):
+        plugin.score(c, (0, 1))
+    plugin.pre_request(c, "a")
+    plugin.post_response(abi.PostResponseEvent(request_id="r"))
+    stats = plugin.stats
+    assert (stats.calls, stats.errors, stats.errors_by_kind) == (12, 0, {})
+    assert 0 < stats.p50_us <= stats.p99_us
+
+
+def test_pre_request_sends_the_request_endpoint_and_time(runtime):
+    """The event reaches the guest byte for byte (checked through the input buffer)."""
+    mod = runtime.compile(wasm("counter"), name="counter")
+    plugin = WasmPolicy(mod, now_ms=lambda: 1234)
+    c = cycle(1)
+    plugin.pre_request(c, "10.0.0.0:8000")
+    expected = abi.encoder.encode(
+        abi.PreRequestEvent(request=c.request, endpoint="10.0.0.0:8000", timestamp_ms=1234)
+    )
+    inst = plugin._inst
+    assert bytes(inst._in_mv[: len(expected)]) == expected
+
+
+def test_state_passes_through_for_hot_swap(policy):
+    old, new = policy("counter"), policy("counter")
+    old.pre_request(cycle(1), "a")
+    new.import_state(old.export_state())
+    assert counter_state(new) == (1, 0)
+
+
+def test_imported_state_is_what_a_crash_restores(policy):
+    old, new = policy("counter"), policy("counter")
+    old.pre_request(cycle(1), "a")
+    old.pre_request(cycle(1), "a")
+    new.import_state(old.export_state())
+    with pytest.raises(PluginError):
+        new.pre_request(cycle(1, prompt=LONG), "a")
+    assert counter_state(new) == (2, 0)
+
+
+def test_a_policy_without_state_exports_none_and_refuses_imports(policy):
+    plugin = policy("flaky")
+    assert plugin.export_state() is None
+    with pytest.raises(PolicyError) as err:
+        plugin.import_state(b"")
+    assert str(err.value) == "policy 'flaky': does not export 'import_state'"
+
+
+def test_describe_passes_through(policy):
+    assert policy("counter").describe() == abi.Describe(name="counter")
+
+
+def test_set_snapshot_failure_is_reported_at_its_stage_and_retried_next_call(policy):
+    plugin = policy("picky")
+    for _ in range(2):
+        with pytest.raises(PluginError) as err:
+            plugin.score(cycle(1), (0,))
+        assert str(err.value) == (
+            "policy 'picky' set_snapshot: error: set_snapshot returned 1: snapshot refused"
+        )
+
+
+def test_scores_are_a_fresh_array_each_call(policy):
+    plugin = policy("counter")
+    c = cycle(2)
+    a = plugin.score(c, (0, 1))
+    a[:] = 7.0
+    assert isinstance(a, np.ndarray)
+    assert plugin.score(c, (0, 1)).tolist() == [0.0, 0.0]
