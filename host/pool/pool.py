@@ -116,8 +116,9 @@ class Pool:
     clock, wall_clock:
         Monotonic seconds (scrape ages, freshness) and Unix seconds (snapshot timestamp).
 
-    Threading: every method must be called from the event loop thread that runs
-    :meth:`run` (from other threads, go through ``anyio.from_thread.run_sync``).
+    Threading: :attr:`snapshot` may be read from any thread (one attribute read of an
+    immutable object). Everything else must be called from the event loop thread that
+    runs :meth:`run` (from other threads, go through ``anyio.from_thread.run_sync``).
     """
 
     def __init__(
