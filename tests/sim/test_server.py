@@ -84,7 +84,8 @@ async def test_stream_is_paced_by_the_simulated_steps():
                     arrivals.append(time.monotonic() - t0)
         assert len(arrivals) == 20
         assert arrivals[0] >= cfg.frontend_overhead_s + cfg.lora_load_disk_s
-        assert arrivals[-1] - arrivals[0] >= 19 * cfg.decode_step_base_s
+        # Lower bounds only: a token is never sent before its simulated step ends.
+        assert arrivals[-1] >= cfg.frontend_overhead_s + cfg.lora_load_disk_s + 20 * cfg.decode_step_base_s
 
 
 async def test_chat_streaming_starts_with_the_assistant_role():
