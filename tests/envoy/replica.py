@@ -1,0 +1,132 @@
+"""A real OpenAI-style model server for the Envoy tests: ``/metrics`` plus completions.
+
+    replica = Replica(page=vllm_page(waiting=3))
+    replica.address                  # "127.0.0.1:<port>", what epick's pool lists
+    replica.page = vllm_page(...)    # what the next scrape sees
+    replica.requests                 # [(path, headers, body)] of the completions it served
+
+``POST /v1/completions`` and ``/v1/chat/completions`` answer a JSON completion naming the
+replica (``served_by``, and the header ``x-served-by``); with ``"stream": true`` they send
+``chunks`` SSE events ``chunk_delay_s`` apart, then ``data: [DONE]``. ``GET /v1/models``
+lists one model. Everything else is 404.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from fakes import vllm_page
+
+__all__ = ["Replica"]
+
+
+class Replica:
+    def __init__(self, page: str | None = None, *, chunks: int = 5,
+                 chunk_delay_s: float = 0.0) -> None:
+        self.page = page if page is not None else vllm_page()
+        self.chunks = chunks
+        self.chunk_delay_s = chunk_delay_s
+        self.requests: list[tuple[str, dict[str, str], dict]] = []
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        replica = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            timeout = 10
+            disable_nagle_algorithm = True
+
+            def setup(self) -> None:
+                super().setup()
+                with replica._lock:
+                    replica._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with replica._lock:
+                    replica._connections.discard(self.connection)
+                try:
+                    super().finish()
+                except OSError:
+                    pass
+
+            def _send(self, status: int, body: bytes, ctype: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("x-served-by", replica.address)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path == "/metrics":
+                    self._send(200, replica.page.encode(), "text/plain; version=0.0.4")
+                elif self.path == "/v1/models":
+                    self._send(200, json.dumps({"object": "list", "data": [
+                        {"id": "base", "object": "model"}], "served_by": replica.address}
+                    ).encode(), "application/json")
+                else:
+                    self._send(404, b"not found\n", "text/plain")
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if not self.path.startswith("/v1/"):
+                    self._send(404, b"not found\n", "text/plain")
+                    return
+                doc = json.loads(body)
+                with replica._lock:
+                    replica.requests.append(
+                        (self.path, {k.lower(): v for k, v in self.headers.items()}, doc))
+                if not doc.get("stream"):
+                    self._send(200, json.dumps({
+                        "object": "text_completion", "model": doc.get("model"),
+                        "choices": [{"index": 0, "text": "hello", "finish_reason": "stop"}],
+                        "served_by": replica.address}).encode(), "application/json")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("x-served-by", replica.address)
+                self.end_headers()
+                events = [json.dumps({"choices": [{"index": 0, "text": f"t{i}"}],
+                                      "sent_at": time.time()}) for i in range(replica.chunks)]
+                for i, event in enumerate([*events, "[DONE]"]):
+                    if i and replica.chunk_delay_s:
+                        time.sleep(replica.chunk_delay_s)
+                    data = f"data: {event}\n\n".encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = False
+
+            def handle_error(self, request: object, client_address: object) -> None:
+                pass
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, name=f"Replica:{self.port}")
+        self._thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        with self._lock:
+            for conn in self._connections:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        self._server.server_close()
+        self._thread.join()

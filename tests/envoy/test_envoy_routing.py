@@ -1,0 +1,166 @@
+"""A real Envoy running examples/envoy/envoy.yaml routes every request where epick says."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from fakes import vllm_page
+
+BUSY = vllm_page(waiting=40, running=20, kv=0.95)
+IDLE = vllm_page(waiting=0, running=0, kv=0.05)
+
+
+def completion(model: str = "base", **extra) -> dict:
+    return {"model": model, "prompt": "Say hello to the proxy", "max_tokens": 5, **extra}
+
+
+@pytest.fixture
+def stack(replicas, epick, envoy):
+    """Three replicas (the first one saturated), epick with the load policy, Envoy."""
+    busy, *idle = replicas(1, BUSY) + replicas(2, IDLE)
+    addresses = [busy.address, *(r.address for r in idle)]
+    svc = epick(addresses)
+    proxy = envoy(svc.ext_proc_port, addresses)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        yield client, svc, busy, idle
+
+
+def test_requests_land_on_the_endpoint_epick_chose(stack):
+    client, svc, busy, idle = stack
+    served = set()
+    for _ in range(12):
+        resp = client.post("/v1/completions", json=completion())
+        assert resp.status_code == 200, resp.text
+        chosen = resp.headers["x-gateway-destination-endpoint"]  # set by epick on the response
+        assert resp.headers["x-served-by"] == chosen
+        assert resp.json()["served_by"] == chosen
+        served.add(chosen)
+    assert served <= {r.address for r in idle}, "epick never picks the saturated replica"
+    assert busy.requests == []
+    # Each replica saw the routing header carrying its own address (upstream's protocol).
+    for r in idle:
+        for _path, headers, _body in r.requests:
+            assert headers["x-gateway-destination-endpoint"] == r.address
+
+
+def test_a_client_cannot_pick_its_own_replica(stack):
+    client, _svc, busy, idle = stack
+    for _ in range(4):
+        resp = client.post("/v1/completions", json=completion(),
+                           headers={"x-gateway-destination-endpoint": busy.address})
+        assert resp.status_code == 200
+        assert resp.headers["x-served-by"] in {r.address for r in idle}
+    assert busy.requests == []
+
+
+def test_a_chat_request_and_a_body_less_request_are_routed_too(stack):
+    client, _svc, _busy, idle = stack
+    chat = client.post("/v1/chat/completions",
+                       json={"model": "base", "messages": [{"role": "user", "content": "hi"}]})
+    models = client.get("/v1/models")
+    for resp in (chat, models):
+        assert resp.status_code == 200
+        assert resp.headers["x-served-by"] == resp.headers["x-gateway-destination-endpoint"]
+        assert resp.headers["x-served-by"] in {r.address for r in idle}
+
+
+def test_completion_is_reported_when_the_response_ends(stack):
+    client, svc, _busy, _idle = stack
+    resp = client.post("/v1/completions", json=completion())
+    assert resp.status_code == 200
+    decision_id = resp.headers["x-epick-decision-id"]
+    deadline = time.monotonic() + 5
+    while svc.call(lambda: svc.service.scheduler.pending_decisions) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert svc.call(lambda: svc.service.scheduler.pending_decisions) == 0
+    # Already reported by the adapter: a second report is unknown.
+    assert svc.call(svc.service.scheduler.complete, decision_id=decision_id) is False
+
+
+@pytest.mark.parametrize(("body", "headers", "message"), [
+    (b"{not json", {}, "malformed request: the body is not valid JSON: Expecting property name "
+                       "enclosed in double quotes: line 1 column 2 (char 1)"),
+    (b'{"prompt": "hi"}', {}, "malformed request: body.model must be a non-empty string"),
+    (b'["base"]', {}, "malformed request: the body must be a JSON object"),
+    (b'{"model": "base", "prompt": 7}', {},
+     "malformed request: body.prompt must be a string or a list of strings"),
+    (b'{"model": "base"}', {"x-criticality": "urgent"},
+     "malformed request: x-criticality 'urgent' is not critical, standard or sheddable"),
+], ids=["not-json", "no-model", "not-an-object", "prompt-not-text", "bad-criticality"])
+def test_a_malformed_request_is_a_400_with_a_json_error(stack, body, headers, message):
+    client, _svc, busy, idle = stack
+    resp = client.post("/v1/completions", content=body,
+                       headers={"content-type": "application/json", **headers})
+    assert resp.status_code == 400
+    assert resp.headers["content-type"] == "application/json"
+    assert resp.json() == {"error": {"message": message, "type": "invalid_request_error",
+                                     "code": 400}}
+    assert all(r.requests == [] for r in (busy, *idle))
+
+
+def test_a_streamed_answer_passes_through_event_by_event(replicas, epick, envoy):
+    (replica,) = replicas(1, IDLE, chunks=4, chunk_delay_s=0.25)
+    proxy = envoy(epick([replica.address]).ext_proc_port, [replica.address])
+    arrivals, events = [], []
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        with client.stream("POST", "/v1/completions", json=completion(stream=True)) as resp:
+            assert resp.status_code == 200
+            assert resp.headers["content-type"] == "text/event-stream"
+            pending = b""
+            for chunk in resp.iter_raw():  # (iter_lines holds a line back until the next one)
+                pending += chunk
+                *complete, pending = pending.split(b"\n\n")
+                for event in complete:
+                    arrivals.append(time.monotonic())
+                    events.append(event.decode().removeprefix("data: "))
+    assert [json.loads(e)["choices"][0]["text"] for e in events[:-1]] == ["t0", "t1", "t2", "t3"]
+    assert events[-1] == "[DONE]"
+    # The replica spaced its events 0.25 s apart; buffering anywhere would bunch them up.
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert min(gaps) > 0.15, gaps
+
+
+def test_an_adapter_request_goes_to_the_replica_that_has_it_loaded(replicas, epick, envoy):
+    with_adapter = replicas(1, vllm_page(running_adapters="sql-lora", max_lora=2))[0]
+    without = replicas(1, vllm_page(running_adapters="", max_lora=2))[0]
+    addresses = [with_adapter.address, without.address]
+    proxy = envoy(epick(addresses, policies=("lora-affinity", "load")).ext_proc_port, addresses)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        for _ in range(5):
+            resp = client.post("/v1/completions", json=completion("sql-lora"))
+            assert resp.status_code == 200
+            assert resp.headers["x-served-by"] == with_adapter.address
+    assert [body["model"] for _p, _h, body in with_adapter.requests] == ["sql-lora"] * 5
+
+
+def test_a_sheddable_request_is_shed_with_429_when_every_replica_is_saturated(
+        replicas, epick, envoy):
+    saturated = replicas(2, BUSY)
+    addresses = [r.address for r in saturated]
+    proxy = envoy(epick(addresses).ext_proc_port, addresses)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        shed = client.post("/v1/completions", json=completion(),
+                           headers={"x-criticality": "sheddable"})
+        standard = client.post("/v1/completions", json=completion())
+    assert shed.status_code == 429
+    assert shed.json()["error"]["type"] == "rate_limit_exceeded"
+    assert shed.json()["error"]["message"] == (
+        "epick: SHEDDABLE request shed: every endpoint is over the admission thresholds "
+        "(queue <= 5, kv <= 0.8)")
+    assert standard.status_code == 200
+
+
+def test_no_fresh_replica_is_a_503(replicas, epick, envoy):
+    (gone,) = replicas(1, IDLE)
+    address = gone.address
+    gone.stop()  # epick's scrapes fail from the start: nothing is fresh
+    proxy = envoy(epick([address]).ext_proc_port, [address])
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        resp = client.post("/v1/completions", json=completion())
+    assert resp.status_code == 503
+    assert resp.json()["error"]["type"] == "service_unavailable"
+    assert resp.json()["error"]["message"].startswith("epick: no ")
