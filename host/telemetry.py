@@ -36,6 +36,7 @@ __all__ = [
     "PICK_STAGES",
     "PICK_OUTCOMES",
     "POLICY_ERROR_KINDS",
+    "SCRAPE_ERROR_REASONS",
     "MetricsServer",
     "start_metrics_server",
     "forget_endpoint",
@@ -50,6 +51,15 @@ PICK_STAGES = ("total", "filter", "score", "pick", "hooks")
 PICK_OUTCOMES = ("ok", "shed", "unavailable", "invalid", "error")
 #: Label values of ``epick_policy_errors_total{kind}`` (= ``PluginError.kind``).
 POLICY_ERROR_KINDS = ("error", "trap", "timeout", "invalid-output", "circuit-open")
+#: Label values of ``epick_scrape_errors_total{reason}`` (= ``epick.pool.ScrapeError.kind``).
+SCRAPE_ERROR_REASONS = (
+    "network",  # refused, reset, DNS, protocol: no usable HTTP answer
+    "timeout",  # no complete answer within timeout_ms
+    "http-status",  # answered with a status other than 200
+    "parse",  # the body is not Prometheus text
+    "missing-metric",  # a required metric (queue, KV) is absent
+    "invalid-value",  # a metric holds a value outside its domain
+)
 
 # The host's own per-pick work is a few to a few hundred µs (DESIGN.md: keep it well
 # under 100 µs), so the buckets are dense from 5 µs to 1 ms and sparse above it.
@@ -132,11 +142,16 @@ SHADOW_SCORE_DELTA = Histogram(
 def forget_endpoint(address: str) -> None:
     """Drop every per-endpoint series of ``address`` (it left the pool).
 
-    Uses ``remove_by_labels`` (prometheus-client >= 0.22): it removes every ``reason``
-    of ``epick_scrape_errors_total`` for the endpoint and ignores series never exported.
+    Series never exported are skipped. (``remove`` per known label value rather than
+    ``remove_by_labels``, which needs prometheus-client >= 0.23.)
     """
-    for metric in (ENDPOINT_FRESH, ENDPOINT_SCRAPE_AGE, SCRAPE_ERRORS):
-        metric.remove_by_labels({"endpoint": address})
+    removals = [(ENDPOINT_FRESH, (address,)), (ENDPOINT_SCRAPE_AGE, (address,))]
+    removals += [(SCRAPE_ERRORS, (address, reason)) for reason in SCRAPE_ERROR_REASONS]
+    for metric, labels in removals:
+        try:
+            metric.remove(*labels)
+        except KeyError:
+            pass
 
 
 @dataclass(slots=True)

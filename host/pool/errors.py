@@ -13,18 +13,13 @@ it, and keeps the endpoint's last good metrics until they go stale.
 
 from __future__ import annotations
 
+from epick.telemetry import SCRAPE_ERROR_REASONS
+
 __all__ = ["ScrapeError", "SCRAPE_ERROR_KINDS"]
 
 #: Values of :attr:`ScrapeError.kind` — the ``reason`` label of
-#: ``epick_scrape_errors_total``, kept to this small fixed set.
-SCRAPE_ERROR_KINDS = (
-    "network",  # refused, reset, DNS, protocol: no usable HTTP answer
-    "timeout",  # no complete answer within timeout_ms
-    "http-status",  # answered with a status other than 200
-    "parse",  # the body is not Prometheus text
-    "missing-metric",  # a required metric (queue, KV) is absent
-    "invalid-value",  # a metric holds a value outside its domain
-)
+#: ``epick_scrape_errors_total``, a small fixed set (declared with the metric).
+SCRAPE_ERROR_KINDS = SCRAPE_ERROR_REASONS
 
 
 class ScrapeError(Exception):
@@ -34,6 +29,8 @@ class ScrapeError(Exception):
     """
 
     def __init__(self, url: str, reason: str, *, kind: str = "parse") -> None:
+        if kind not in SCRAPE_ERROR_KINDS:  # a label outside the set would leak into metrics
+            raise ValueError(f"ScrapeError kind {kind!r} is not one of {SCRAPE_ERROR_KINDS}")
         super().__init__(f"{url}: {reason}")
         self.url = url
         self.reason = reason

@@ -254,3 +254,13 @@ def test_address_comes_from_previous_then_from_the_url():
 def test_unknown_engine_is_a_value_error():
     with pytest.raises(ValueError, match="unknown engine 'tgi'; expected one of vllm, sglang, trtllm"):
         parse(BASE, engine="tgi")
+
+
+def test_scrape_error_kinds_are_the_metric_reason_labels():
+    with pytest.raises(ValueError, match="ScrapeError kind 'oops' is not one of"):
+        ScrapeError(URL, "x", kind="oops")
+    err = ScrapeError(URL, "missing vllm:num_requests_waiting", kind="missing-metric")
+    assert repr(err) == (
+        f"ScrapeError(url={URL!r}, reason='missing vllm:num_requests_waiting', "
+        "kind='missing-metric')"
+    )
