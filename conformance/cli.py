@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from epick.conformance.check import ConformanceError, check
@@ -71,9 +72,16 @@ def render(report: Report, console: Console) -> None:
     table.add_column("why", overflow="fold", ratio=5)
     for c in report.cases:
         table.add_row(
-            c.name, c.expected, c.got, f"[{_STYLE[c.verdict]}]{c.verdict}[/]", c.why,
+            escape(c.name), escape(c.expected), escape(c.got),
+            f"[{_STYLE[c.verdict]}]{c.verdict}[/]", escape(c.why),
         )
     console.print(table)
+    # Each failure once more in full, unwrapped: the line to paste into a bug report.
+    for c in report.failures:
+        console.print(
+            f"[{_STYLE[c.verdict]}]{c.verdict.upper()}[/] {escape(c.why)}",
+            soft_wrap=True, highlight=False,
+        )
     style = "bold green" if report.passed else "bold red"
     console.print(f"[{style}]{report.summary()}[/]")
 
