@@ -54,17 +54,29 @@ def _replace_once(text: str, old: str, new: str) -> str:
 
 
 def render(text: str, *, ext_proc_port: int, replicas: list[str], listen_port: int = 0,
-           admin_port: int = 0, fail_open: bool = False) -> str:
+           admin_port: int = 0, fail_open: bool = False, ext_proc: bool = True,
+           access_log: bool = True) -> str:
     """The example config with its addresses replaced (port 0 = any free port).
 
     ``replicas`` (``host:port``) fill the fail-open ``replicas`` cluster; ``fail_open``
-    sets ``failure_mode_allow: true``.
+    sets ``failure_mode_allow: true``; ``ext_proc=False`` disables the ext_proc filter
+    (every request then goes round robin to ``replicas``: the no-epick baseline);
+    ``access_log=False`` drops the access log (benchmarks).
     """
     text = _replace_once(text, "port_value: 10000}", f"port_value: {listen_port}}}")
     text = _replace_once(text, "port_value: 9901}", f"port_value: {admin_port}}}")
     text = _replace_once(text, "port_value: 9004}", f"port_value: {ext_proc_port}}}")
     if fail_open:
         text = _replace_once(text, "failure_mode_allow: false", "failure_mode_allow: true")
+    if not ext_proc:
+        name = "          - name: envoy.filters.http.ext_proc\n"
+        text = _replace_once(text, name, name + "            disabled: true\n")
+    if not access_log:
+        log = re.search(r" *access_log:\n(?: *- name: envoy.access_loggers.*?\n)(?: {12,}.*\n)*",
+                        text)
+        if log is None:
+            raise EnvoyError("the Envoy config has no access_log block to drop")
+        text = text[:log.start()] + text[log.end():]
     block = re.search(r"( *)# BEGIN replicas\n.*?# END replicas\n", text, re.S)
     if block is None:
         raise EnvoyError("the Envoy config has no '# BEGIN replicas' ... '# END replicas' block")
@@ -122,7 +134,8 @@ class Envoy:
             self.proc = subprocess.Popen(
                 [str(self.binary), "-c", str(d / "envoy.yaml"), "--disable-hot-restart",
                  "--admin-address-path", str(admin_path), "--log-level", self.log_level,
-                 "--concurrency", str(self.concurrency)],
+                 "--concurrency", str(self.concurrency),
+                 "--file-flush-interval-msec", "100"],  # access log lines show up promptly
                 stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + self.start_timeout_s
         try:

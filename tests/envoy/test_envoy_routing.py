@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import httpx
 import pytest
 
+from epick.api.ext_proc_envoy import EXAMPLE, find_envoy
 from fakes import vllm_page
 
 BUSY = vllm_page(waiting=40, running=20, kv=0.95)
@@ -26,6 +28,7 @@ def stack(replicas, epick, envoy):
     svc = epick(addresses)
     proxy = envoy(svc.ext_proc_port, addresses)
     with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        client.proxy_under_test = proxy
         yield client, svc, busy, idle
 
 
@@ -164,3 +167,30 @@ def test_no_fresh_replica_is_a_503(replicas, epick, envoy):
     assert resp.status_code == 503
     assert resp.json()["error"]["type"] == "service_unavailable"
     assert resp.json()["error"]["message"].startswith("epick: no ")
+
+
+
+def test_envoy_receives_the_choice_as_envoy_lb_metadata_too(stack):
+    client, _svc, _busy, idle = stack
+    for _ in range(3):
+        assert client.post("/v1/completions", json=completion()).status_code == 200
+    proxy = client.proxy_under_test
+    deadline = time.monotonic() + 5  # Envoy flushes its access log about once a second
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        lines = [ln for ln in proxy.log.splitlines() if '"POST /v1/completions"' in ln]
+        if len(lines) >= 3:
+            break
+        time.sleep(0.1)
+    assert len(lines) == 3, proxy.log
+    for line in lines:  # the access log prints %UPSTREAM_HOST% and the envoy.lb metadata
+        upstream = line.split("upstream=")[1].split()[0]
+        chosen = line.split("epick=")[1].split()[0]
+        assert upstream == chosen and upstream in {r.address for r in idle}, line
+
+
+def test_the_committed_example_is_a_valid_envoy_config():
+    result = subprocess.run([str(find_envoy()), "--mode", "validate", "-c", str(EXAMPLE),
+                             "--disable-hot-restart"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"configuration '{EXAMPLE}' OK" in result.stdout + result.stderr
