@@ -45,6 +45,8 @@ BUILTIN_POLICY_DIR = Path(__file__).resolve().parent.parent / "policies" / "dist
 ADMIN_TOKEN_ENV = "EPICK_ADMIN_TOKEN"
 
 Address = Annotated[str, Meta(pattern=r"^\[?[A-Za-z0-9.:_-]*\]?:\d{1,5}$")]
+#: An address, or "" to switch the listener off.
+OptionalAddress = Annotated[str, Meta(pattern=r"^(\[?[A-Za-z0-9.:_-]*\]?:\d{1,5})?$")]
 PositiveMs = Annotated[int, Meta(gt=0)]
 Weight = Annotated[float, Meta(ge=0)]
 
@@ -66,7 +68,7 @@ class ServerConfig(_Table):
     listen: Address = "127.0.0.1:9002"
     fallbacks: Annotated[int, Meta(ge=0, le=64)] = 2
     """How many fallbacks a PickResponse carries after the primary."""
-    metrics_listen: Address | Literal[""] = "127.0.0.1:9090"
+    metrics_listen: OptionalAddress = "127.0.0.1:9090"
     """Prometheus /metrics; empty disables it."""
     picker: Literal["max", "weighted-random"] = "max"
     """max: highest total, seeded random tie-break; weighted-random: P ∝ total."""
@@ -120,7 +122,7 @@ class RuntimeConfig(_Table):
 
 
 class AdminConfig(_Table):
-    listen: Address | Literal[""] = "127.0.0.1:9003"
+    listen: OptionalAddress = "127.0.0.1:9003"
     """Empty disables the admin API."""
     token: str = ""
     """Bearer token; ``$EPICK_ADMIN_TOKEN`` wins when set. Without either, every admin call

@@ -89,3 +89,10 @@ def test_check_config_reports_a_missing_module_file(tmp_path, capsys):
     bad.write_text("version = 1\n[[policies]]\nname = 'x'\nmodule = 'nope.wasm'\n")
     assert main(["check-config", str(bad)]) == 1
     assert "policy 'x' module 'nope.wasm': no such file" in capsys.readouterr().err
+
+
+def test_an_empty_listen_address_switches_that_listener_off():
+    c = config.loads("version = 1\n[server]\nmetrics_listen = ''\n[admin]\nlisten = ''")
+    assert c.server.metrics_listen == "" and c.admin.listen == ""
+    with pytest.raises(config.ConfigError, match=r"at `\$.server.listen`"):
+        config.loads("version = 1\n[server]\nlisten = ''")
