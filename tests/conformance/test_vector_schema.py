@@ -177,3 +177,14 @@ def test_a_case_name_used_twice_is_refused_naming_both_files(tmp_path):
 def test_msgspec_errors_are_decode_errors_so_the_loader_catches_them():
     # the loader relies on ValidationError being a DecodeError
     assert issubclass(msgspec.ValidationError, msgspec.DecodeError)
+
+
+def test_the_readme_example_is_a_valid_vector_file(tmp_path):
+    readme = (vectors.VECTORS_DIR.parent / "README.md").read_text()
+    example = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+
+    vf = vectors.load_file(write(tmp_path, example))
+
+    (case,) = vf.cases
+    assert case.candidate_indices == (1, 0)
+    assert [type(e).__name__ for e in case.before] == ["SnapshotEvent", "PreRequest", "PostResponse"]
