@@ -163,17 +163,19 @@ class PolicyInstance:
             status = func.call3(self._in_ptr, size, self._out_ptr)
             if status:
                 raise PolicyCallError(self.name, "score", status, self._error_message())
-            if self._out_u64[n] != SCORE_SENTINEL:
+            bits = self._out_u64
+            if bits[n] != SCORE_SENTINEL:
                 raise PolicyOutputError(
                     self.name, "score", f"score wrote more than the {n} scores asked for"
                 )
+            # Non-negative doubles order like their bit patterns, and every NaN (the
+            # sentinel included), inf and negative number has a pattern above 1.0's: one
+            # max() over the bits tells "all in [0, 1]" (and so "all written").
+            in_range = n == 0 or _max_bits(bits[:n]) <= _ONE_BITS
             scores = self._out_f64[:n].copy()
         finally:
             self._lock.release()
-        # Non-negative doubles order like their bit patterns, and every NaN (the sentinel
-        # included), inf and negative number has a pattern above 1.0's: one max() over
-        # the bits tells "all in [0, 1]".
-        if n == 0 or _max_bits(scores.view(np.uint64)) <= _ONE_BITS:
+        if in_range:
             return scores, True
         written = scores.view(np.uint64) != SCORE_SENTINEL
         if not written.all():
