@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -82,8 +83,9 @@ class Policy:
     """``zig`` or ``c``."""
 
 
-def discover(root: Path = POLICIES_DIR) -> list[Policy]:
-    """Every policy directory under ``root``, sorted by name."""
+def discover(root: Path | None = None) -> list[Policy]:
+    """Every policy directory under ``root`` (default :data:`POLICIES_DIR`), sorted by name."""
+    root = root or POLICIES_DIR
     found = []
     for d in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in NOT_POLICIES):
         if (d / "main.zig").is_file():
@@ -108,9 +110,8 @@ def _zig() -> list[str]:
     return [sys.executable, "-m", "ziglang"]
 
 
-def _command(policy: Policy, out: Path, cache: Path) -> list[str]:
-    common = ["-target", "wasm32-freestanding", "--cache-dir", str(cache / "local"),
-              "--global-cache-dir", str(cache / "global")]
+def _command(policy: Policy, out: Path) -> list[str]:
+    common = ["-target", "wasm32-freestanding"]
     sdk = POLICIES_DIR / "sdk"
     if policy.language == "zig":
         exports = [f"--export={e}" for e in zig_exports(policy.source_dir / "main.zig")]
@@ -137,9 +138,12 @@ def build(policy: Policy, out_dir: Path, cache: Path | None = None) -> Path:
     """Build one policy into ``out_dir/NAME.wasm``; raise :class:`BuildError` on failure."""
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"{policy.name}.wasm"
-    cmd = _command(policy, out, cache or default_cache())
+    cmd = _command(policy, out)
+    cache = cache or default_cache()
+    # `zig cc` takes no --cache-dir flags: both front ends read these variables.
+    env = {**os.environ, "ZIG_LOCAL_CACHE_DIR": str(cache / "local"), "ZIG_GLOBAL_CACHE_DIR": str(cache / "global")}
     # cwd = the out dir: `zig cc` may drop by-products next to its working directory.
-    proc = subprocess.run(cmd, cwd=out_dir, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=out_dir, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise BuildError(policy.name, f"zig exited with {proc.returncode}:\n{proc.stderr.strip()}")
     for junk in out_dir.glob(f"{policy.name}.wasm.o"):

@@ -41,28 +41,28 @@ pub const Reader = struct {
         };
     }
 
-    fn truncated(r: *const Reader, comptime what: []const u8) Error {
-        return report.fail("truncated input reading " ++ what ++ " at byte {d} of {d}", .{ r.pos, r.buf.len });
+    fn truncated(r: *const Reader, what: []const u8) Error {
+        return report.fail("truncated input reading {s} at byte {d} of {d}", .{ what, r.pos, r.buf.len });
     }
 
-    fn mismatch(r: *const Reader, comptime what: []const u8, comptime expected: []const u8, tag: u8) Error {
-        return report.fail("expected " ++ expected ++ " for " ++ what ++ ", got {s} at byte {d}", .{ typeName(tag), r.pos });
+    fn mismatch(r: *const Reader, what: []const u8, expected: []const u8, tag: u8) Error {
+        return report.fail("expected {s} for {s}, got {s} at byte {d}", .{ expected, what, typeName(tag), r.pos });
     }
 
-    fn take(r: *Reader, comptime what: []const u8, n: usize) Error![]const u8 {
+    fn take(r: *Reader, what: []const u8, n: usize) Error![]const u8 {
         if (n > r.buf.len - r.pos) return r.truncated(what);
         const s = r.buf[r.pos .. r.pos + n];
         r.pos += n;
         return s;
     }
 
-    fn be(r: *Reader, comptime T: type, comptime what: []const u8) Error!T {
+    fn be(r: *Reader, comptime T: type, what: []const u8) Error!T {
         const s = try r.take(what, @sizeOf(T));
         return std.mem.readInt(T, s[0..@sizeOf(T)], .big);
     }
 
     /// The next tag byte, not consumed.
-    pub fn peek(r: *const Reader, comptime what: []const u8) Error!u8 {
+    pub fn peek(r: *const Reader, what: []const u8) Error!u8 {
         if (r.pos >= r.buf.len) return r.truncated(what);
         return r.buf[r.pos];
     }
@@ -76,14 +76,14 @@ pub const Reader = struct {
         return false;
     }
 
-    fn containerLen(r: *Reader, comptime what: []const u8, n: u32) Error!u32 {
+    fn containerLen(r: *Reader, what: []const u8, n: u32) Error!u32 {
         // Every element takes at least one byte: a length beyond the bytes left is garbage,
         // refused before anyone allocates for it.
-        if (n > r.buf.len - r.pos) return report.fail("length {d} of " ++ what ++ " exceeds the {d} bytes left", .{ n, r.buf.len - r.pos });
+        if (n > r.buf.len - r.pos) return report.fail("length {d} of {s} exceeds the {d} bytes left", .{ n, what, r.buf.len - r.pos });
         return n;
     }
 
-    pub fn arrayLen(r: *Reader, comptime what: []const u8) Error!u32 {
+    pub fn arrayLen(r: *Reader, what: []const u8) Error!u32 {
         const tag = try r.peek(what);
         const n: u32 = switch (tag) {
             0x90...0x9f => blk: {
@@ -103,7 +103,7 @@ pub const Reader = struct {
         return r.containerLen(what, n);
     }
 
-    pub fn mapLen(r: *Reader, comptime what: []const u8) Error!u32 {
+    pub fn mapLen(r: *Reader, what: []const u8) Error!u32 {
         const tag = try r.peek(what);
         const n: u32 = switch (tag) {
             0x80...0x8f => blk: {
@@ -121,12 +121,12 @@ pub const Reader = struct {
             else => return r.mismatch(what, "map", tag),
         };
         // A map entry is two values.
-        if (n > (r.buf.len - r.pos) / 2) return report.fail("length {d} of " ++ what ++ " exceeds the {d} bytes left", .{ n, r.buf.len - r.pos });
+        if (n > (r.buf.len - r.pos) / 2) return report.fail("length {d} of {s} exceeds the {d} bytes left", .{ n, what, r.buf.len - r.pos });
         return n;
     }
 
     /// Any msgpack integer as i128 (covers the whole u64 and i64 ranges).
-    fn anyInt(r: *Reader, comptime what: []const u8) Error!?i128 {
+    fn anyInt(r: *Reader, what: []const u8) Error!?i128 {
         const tag = try r.peek(what);
         switch (tag) {
             0x00...0x7f => {
@@ -154,28 +154,28 @@ pub const Reader = struct {
         }
     }
 
-    pub fn int(r: *Reader, comptime what: []const u8) Error!i64 {
+    pub fn int(r: *Reader, what: []const u8) Error!i64 {
         const start = r.pos;
         const v = (try r.anyInt(what)) orelse return r.mismatch(what, "int", r.buf[r.pos]);
         if (v > std.math.maxInt(i64)) {
             r.pos = start;
-            return report.fail(what ++ " = {d} does not fit in a signed 64-bit int (byte {d})", .{ v, start });
+            return report.fail("{s} = {d} does not fit in a signed 64-bit int (byte {d})", .{ what, v, start });
         }
         return @intCast(v);
     }
 
-    pub fn uint64(r: *Reader, comptime what: []const u8) Error!u64 {
+    pub fn uint64(r: *Reader, what: []const u8) Error!u64 {
         const start = r.pos;
         const v = (try r.anyInt(what)) orelse return r.mismatch(what, "int", r.buf[r.pos]);
         if (v < 0) {
             r.pos = start;
-            return report.fail(what ++ " = {d} must not be negative (byte {d})", .{ v, start });
+            return report.fail("{s} = {d} must not be negative (byte {d})", .{ what, v, start });
         }
         return @intCast(v);
     }
 
     /// A float, or an int converted to one.
-    pub fn float(r: *Reader, comptime what: []const u8) Error!f64 {
+    pub fn float(r: *Reader, what: []const u8) Error!f64 {
         const tag = try r.peek(what);
         switch (tag) {
             0xca => {
@@ -193,7 +193,7 @@ pub const Reader = struct {
         }
     }
 
-    pub fn boolean(r: *Reader, comptime what: []const u8) Error!bool {
+    pub fn boolean(r: *Reader, what: []const u8) Error!bool {
         const tag = try r.peek(what);
         if (tag != 0xc2 and tag != 0xc3) return r.mismatch(what, "bool", tag);
         r.pos += 1;
@@ -201,7 +201,7 @@ pub const Reader = struct {
     }
 
     /// A str (or bin) as a slice into the input: valid only while the input is.
-    pub fn str(r: *Reader, comptime what: []const u8) Error![]const u8 {
+    pub fn str(r: *Reader, what: []const u8) Error![]const u8 {
         const tag = try r.peek(what);
         const n: usize = switch (tag) {
             0xa0...0xbf => blk: {
@@ -226,10 +226,10 @@ pub const Reader = struct {
     }
 
     /// Skip one value of any type, however nested (iteratively: no recursion to overflow).
-    pub fn skip(r: *Reader, comptime what: []const u8) Error!void {
+    pub fn skip(r: *Reader, what: []const u8) Error!void {
         var pending: u64 = 1;
         while (pending > 0) : (pending -= 1) {
-            if (pending > max_skip_values) return report.fail(what ++ " nests too many values (byte {d})", .{r.pos});
+            if (pending > max_skip_values) return report.fail("{s} nests too many values (byte {d})", .{ what, r.pos });
             const tag = try r.peek(what);
             switch (tag) {
                 0x80...0x8f, 0xde, 0xdf => pending += 2 * @as(u64, try r.mapLen(what)),
@@ -259,7 +259,7 @@ pub const Reader = struct {
     }
 
     /// Skip `n` values: the trailing elements of a layout this policy does not know.
-    pub fn skipN(r: *Reader, comptime what: []const u8, n: u32) Error!void {
+    pub fn skipN(r: *Reader, what: []const u8, n: u32) Error!void {
         var i: u32 = 0;
         while (i < n) : (i += 1) try r.skip(what);
     }
