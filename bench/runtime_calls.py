@@ -9,7 +9,9 @@ Prints medians (and p10/p90 across rounds) of the per-call time, each round timi
   ``GuestFunc.call3`` (raw ctypes ``wasmtime_func_call_unchecked`` + epoch deadline),
   ``PolicyInstance.score`` (input copy, sentinel fill, call, count check, result copy),
   ``WasmPolicy.score`` (plus snapshot delivery check, range check, stats, breaker);
-- the built policies in policies/dist/ (if present), 64 endpoints, resident snapshot.
+- the built policies in policies/dist/ (if present), 64 endpoints (resident snapshot
+  when the policy exports ``set_snapshot``, else inline);
+- and how long a guest that never returns holds the thread before ``PolicyTimeout``.
 
 Numbers, not goals: nothing here fails on a slow machine.
 """
@@ -43,6 +45,10 @@ TRIVIAL = r"""
     (f64.store (local.get 2) (f64.const 0.5))
     (i32.const 0)))
 """
+
+SPIN = TRIVIAL.replace(
+    "(f64.store (local.get 2) (f64.const 0.5))", "(loop $forever (br $forever))"
+)
 
 DIST = Path(__file__).resolve().parent.parent / "policies" / "dist"
 
@@ -143,10 +149,25 @@ def main() -> None:
             rows.append((f"{path.stem:<8} WasmPolicy.score (64, {label})",
                          per_call_us(lambda: wp.score(cycle, everyone), r, c)))
 
+        # How long a guest that never returns keeps the thread (budget 1 ms).
+        spin = rt.compile(wasmtime.wat2wasm(SPIN), name="spin").instantiate()
+        stopped_ms = []
+        for _ in range(50):
+            t0 = time.perf_counter_ns()
+            try:
+                spin.score(blob, 64)
+            except PolicyTimeout:
+                stopped_ms.append((time.perf_counter_ns() - t0) / 1e6)
+        stopped_ms.sort()
+
     width = max(len(name) for name, _ in rows)
     print(f"{'call':<{width}}  {'median µs':>9}  {'p10':>6}  {'p90':>6}")
     for name, (med, p10, p90) in rows:
         print(f"{name:<{width}}  {med:9.2f}  {p10:6.2f}  {p90:6.2f}")
+    q = statistics.quantiles(stopped_ms, n=10)
+    print(f"spinning guest stopped after (budget 1 ms, 50 tries): median "
+          f"{statistics.median(stopped_ms):.2f} ms, p10 {q[0]:.2f}, p90 {q[-1]:.2f}, "
+          f"max {stopped_ms[-1]:.2f}")
     print(f"({r} rounds x {c} calls; {SPURIOUS['timeouts']} calls hit the 1 ms wall-clock budget "
           f"(preemption on a shared machine) and were counted, not retried)")
 

@@ -102,16 +102,18 @@ class GuestFunc:
 
     def call0(self) -> int:
         _set_deadline(self._ctx, self.ticks)
-        if _call_unchecked(self._ctx, self._fptr, self._aptr, self._nargs, self._tptr) or self._trap.value:
-            self._raise()
+        err = _call_unchecked(self._ctx, self._fptr, self._aptr, self._nargs, self._tptr)
+        if err or self._trap.value:
+            self._raise(err)
         return self._v[0]
 
     def call1(self, a: int) -> int:
         v = self._v
         v[0] = a
         _set_deadline(self._ctx, self.ticks)
-        if _call_unchecked(self._ctx, self._fptr, self._aptr, self._nargs, self._tptr) or self._trap.value:
-            self._raise()
+        err = _call_unchecked(self._ctx, self._fptr, self._aptr, self._nargs, self._tptr)
+        if err or self._trap.value:
+            self._raise(err)
         return v[0]
 
     def call2(self, a: int, b: int) -> int:
@@ -119,8 +121,9 @@ class GuestFunc:
         v[0] = a
         v[_I32_STRIDE] = b
         _set_deadline(self._ctx, self.ticks)
-        if _call_unchecked(self._ctx, self._fptr, self._aptr, self._nargs, self._tptr) or self._trap.value:
-            self._raise()
+        err = _call_unchecked(self._ctx, self._fptr, self._aptr, self._nargs, self._tptr)
+        if err or self._trap.value:
+            self._raise(err)
         return v[0]
 
     def call3(self, a: int, b: int, c: int) -> int:
@@ -129,12 +132,13 @@ class GuestFunc:
         v[_I32_STRIDE] = b
         v[2 * _I32_STRIDE] = c
         _set_deadline(self._ctx, self.ticks)
-        if _call_unchecked(self._ctx, self._fptr, self._aptr, self._nargs, self._tptr) or self._trap.value:
-            self._raise()
+        err = _call_unchecked(self._ctx, self._fptr, self._aptr, self._nargs, self._tptr)
+        if err or self._trap.value:
+            self._raise(err)
         return v[0]
 
-    def _raise(self) -> None:
-        """Turn the trap (or error) the last call left behind into a PolicyError."""
+    def _raise(self, err: int | None) -> None:
+        """Turn the trap or error the last call left behind into a PolicyError (and free it)."""
         trap_ptr, self._trap.value = self._trap.value, 0
         if trap_ptr:
             trap = wasmtime.Trap._from_ptr(ctypes.cast(trap_ptr, ctypes.POINTER(ffi.wasm_trap_t)))
@@ -144,9 +148,11 @@ class GuestFunc:
             text = trap_reason(trap.message)
             code_name = code.name if code is not None else None
         else:
-            # The call never ran guest code (a host-side error): still the guest's fault
-            # as far as callers are concerned; report it like a trap.
-            text, code_name = "wasmtime refused the call", None
+            # wasmtime refused or aborted the call without a trap object.
+            error = wasmtime.WasmtimeError._from_ptr(
+                ctypes.cast(err, ctypes.POINTER(ffi.wasmtime_error_t))
+            )
+            text, code_name = trap_reason(str(error)), None
         extra = self.on_trap() if self.on_trap is not None else ""
         raise PolicyTrap(self.policy, self.export, code_name, f"{self.export} trapped: {text}{extra}")
 

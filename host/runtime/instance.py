@@ -70,8 +70,9 @@ class PolicyInstance:
     """A policy module instantiated in its own Store, ``init``-ed with ``params``.
 
     Made by :meth:`PolicyModule.instantiate`. Raises :class:`PolicyLoadError` when the
-    module cannot be instantiated (e.g. its minimum memory exceeds the cap) or ``init``
-    returns non-zero (``.message`` is the guest's text).
+    module cannot be instantiated (e.g. its minimum memory exceeds the cap), its first
+    ``alloc`` calls fail, or ``init`` fails: non-zero (``.message`` is the guest's text),
+    trap or timeout.
     """
 
     def __init__(self, module: "PolicyModule", params: dict[str, Any] | None = None) -> None:
@@ -117,9 +118,14 @@ class PolicyInstance:
         self._out_f64 = self._out_u64 = np.empty(0)
         self._out_u8 = np.empty(0, dtype=np.uint8)
         self._out_mv = memoryview(b"")
-        self._grow_input(_INITIAL_INPUT)
-        self._grow_output(_INITIAL_OUTPUT_SLOTS)
-        self.init(params)
+        try:
+            self._grow_input(_INITIAL_INPUT)
+            self._grow_output(_INITIAL_OUTPUT_SLOTS)
+            self.init(params)
+        except PolicyLoadError:
+            raise
+        except PolicyError as exc:  # alloc or init trapped, timed out, misbehaved
+            raise PolicyLoadError(self.name, exc.export, exc.detail) from exc
 
     def __repr__(self) -> str:
         return f"<PolicyInstance {self.name!r} sha256={self.module.sha256[:12]}>"

@@ -6,9 +6,17 @@ import threading
 import time
 
 import pytest
+import wasmtime
 
-from conftest import score_input, wasm
-from epick.runtime import Limits, PolicyCallError, PolicyTimeout, PolicyTrap, Runtime
+from conftest import score_input, wasm, wat_source
+from epick.runtime import (
+    Limits,
+    PolicyCallError,
+    PolicyLoadError,
+    PolicyTimeout,
+    PolicyTrap,
+    Runtime,
+)
 
 
 @pytest.fixture
@@ -136,3 +144,16 @@ def test_closing_the_runtime_stops_its_ticker_thread():
     (ticker,) = {t for t in threading.enumerate() if t.name == "epick-epoch-ticker"} - before
     rt.close()
     assert not ticker.is_alive()
+
+
+def test_an_init_that_never_returns_is_a_load_error(tight):
+    source = wat_source("spin").replace(
+        '(func (export "init") (param i32 i32) (result i32) (i32.const 0))',
+        '(func (export "init") (param i32 i32) (result i32) (loop $l (br $l)) (i32.const 0))',
+    )
+    mod = tight.compile(wasmtime.wat2wasm(source), name="stuck")
+    with pytest.raises(PolicyLoadError) as err:
+        mod.instantiate()
+    # init is a control-plane call: 100 budgets
+    assert str(err.value) == "policy 'stuck': init exceeded its 100 ms budget"
+    assert err.value.export == "init"
