@@ -425,7 +425,9 @@ def time_budget(p: Probe) -> CaseResult:
 
 
 def _memory_bytes(instance) -> int:
-    return instance._memory.size
+    """The instance's linear memory size in bytes (the runtime has no public accessor yet)."""
+    size = getattr(instance, "memory_size", None)
+    return size if size is not None else instance._memory.size
 
 
 def memory_stable(p: Probe, calls: int = 10_000, warmup: int = 1_000) -> CaseResult:

@@ -149,6 +149,7 @@ def run_case(module, loaded: LoadedCase) -> CaseResult:
     case = loaded.case
     t0 = time.perf_counter()
     expected = _expected_text(case)
+    driver = None
     try:
         driver, snap = _replay(case, loaded.params, module)
         request = to_abi_request(case.request)
@@ -161,6 +162,8 @@ def run_case(module, loaded: LoadedCase) -> CaseResult:
         except Exception as exc:
             raise _StepError(call, exc) from exc
     except _StepError as exc:
+        if driver is not None:
+            driver.instance.close()
         return CaseResult(
             name=case.name,
             expected=expected,
@@ -169,6 +172,7 @@ def run_case(module, loaded: LoadedCase) -> CaseResult:
             why=f"{case.name}: {exc}",
             seconds=time.perf_counter() - t0,
         )
+    driver.instance.close()
     diffs = _compare(case, got)
     seconds = time.perf_counter() - t0
     if diffs:
