@@ -71,8 +71,10 @@ class FleetView:
         self._states: list[PageState | None] = [None] * len(pages)
         self._scraped_at = [-math.inf] * len(pages)
         self._texts: list[bytes | None] = [None] * len(pages)
-        self._parsed: list[EndpointMetrics | None] = [None] * len(pages)
+        self._parsed = [EndpointMetrics(address=a) for a in addresses]
         self._previous: list[EndpointMetrics | None] = [None] * len(pages)
+        self.version = 0
+        """Bumped by every scrape: a router may rebuild derived state only when it moves."""
 
     def __len__(self) -> int:
         return len(self.addresses)
@@ -92,29 +94,22 @@ class FleetView:
 
     def metrics(self, i: int) -> EndpointMetrics:
         """Replica ``i``'s last scrape as a router reads it (LoRA rule of DESIGN.md
-        applied): exactly what ``parse_metrics(metrics_text(i))`` gives, built from the
-        captured state without the text round trip."""
-        m = self._parsed[i]
-        if m is None:
-            state = self._states[i]
-            if state is None:
-                m = EndpointMetrics(address=self.addresses[i])
-            else:
-                m = self._pages[i].endpoint_metrics(state, self.addresses[i], self._previous[i])
-            self._parsed[i] = m
-        return m
+        applied): exactly what ``parse_metrics(metrics_text(i), previous=<the scrape
+        before>)`` gives, built from the captured state without the text round trip."""
+        return self._parsed[i]
 
     def all_metrics(self) -> tuple[EndpointMetrics, ...]:
         return tuple(self.metrics(i) for i in range(len(self.addresses)))
 
     def _scrape(self, i: int, now: float) -> None:
-        # Capture now, render and parse only when somebody reads it.
-        if self._parsed[i] is not None:
-            self._previous[i] = self._parsed[i]
-        self._states[i] = self._pages[i].capture()
+        # Capture now; render the text only when somebody reads it.
+        state = self._pages[i].capture()
+        previous = self._previous[i] = self._parsed[i]
+        self._parsed[i] = self._pages[i].endpoint_metrics(state, self.addresses[i], previous)
+        self._states[i] = state
         self._scraped_at[i] = now
         self._texts[i] = None
-        self._parsed[i] = None
+        self.version += 1
 
 
 _STEP, _SCRAPE = 0, 1

@@ -92,6 +92,20 @@ def test_scrapes_refresh_the_view_at_the_interval():
     assert max(seen) <= 0.05 + 1e-9
 
 
+def test_view_version_moves_with_every_scrape_and_only_then():
+    versions = []
+
+    class Spy:
+        def route(self, req, view):
+            versions.append((view.version, view.scraped_at(0), view.scraped_at(1)))
+            return 0
+
+    wl = zero_hit(qps=50, duration_s=2, seed=1)
+    Fleet(2, DEFAULT_CONFIG, seed=0).run(wl, Spy(), scrape_interval_s=0.1)
+    for (v1, a1, b1), (v2, a2, b2) in zip(versions, versions[1:]):
+        assert (v1 == v2) == ((a1, b1) == (a2, b2))
+
+
 def test_on_complete_is_called_once_per_request_with_its_replica():
     done = []
 
