@@ -128,7 +128,7 @@ def _result(name: str, ok: bool, expected: str, got: str, why: str, t0: float) -
 
 
 def _same(a: list[np.ndarray], b: list[np.ndarray]) -> int | None:
-    """Index of the first differing output (bitwise for floats), or None."""
+    """Index of the first differing output (exact equality, NaN equal to NaN), or None."""
     if len(a) != len(b):
         return min(len(a), len(b))
     for i, (x, y) in enumerate(zip(a, b)):
