@@ -35,8 +35,11 @@ class CircuitBreaker:
         """May a call go ahead now? Moves ``open`` to ``half-open`` once cooled down."""
         if self.state == self.CLOSED:
             return True
-        if self.state == self.OPEN and self.clock() - self.opened_at >= self.cooldown_s:
+        # In half-open a trial is out; should its outcome never be reported (the caller
+        # died mid-call), another trial is allowed one cooldown later.
+        if self.clock() - self.opened_at >= self.cooldown_s:
             self.state = self.HALF_OPEN
+            self.opened_at = self.clock()
             return True
         return False
 
@@ -52,7 +55,7 @@ class CircuitBreaker:
 
     @property
     def retry_in_s(self) -> float:
-        """Seconds until an open breaker lets a trial through (0 when not open)."""
-        if self.state != self.OPEN:
+        """Seconds until the breaker lets a (next) trial through (0 when closed)."""
+        if self.state == self.CLOSED:
             return 0.0
         return max(0.0, self.opened_at + self.cooldown_s - self.clock())

@@ -268,7 +268,7 @@ class PolicyInstance:
         except (TypeError, msgspec.EncodeError) as exc:
             raise PolicyLoadError(self.name, "init", f"params cannot be encoded as msgpack: {exc}") from exc
         try:
-            self._call_blob(self._funcs["init"], "init", blob)
+            self._call_blob(self._funcs.get("init"), "init", blob)
         except PolicyCallError as exc:
             raise PolicyLoadError(
                 self.name, "init", f"init refused its params: {exc.message}", message=exc.message
@@ -276,8 +276,10 @@ class PolicyInstance:
 
     def describe(self) -> abi.Describe:
         """The policy's ``Describe``; ``Describe(name=<module name>)`` if not exported."""
-        if "describe" not in self._funcs:
+        if "describe" not in self.exports:
             return abi.Describe(name=self.name)
+        if "describe" not in self._funcs:
+            raise self._missing("describe")  # closed
         raw = self._produce("describe")
         try:
             return _describe_decoder.decode(raw)
@@ -415,7 +417,9 @@ class PolicyInstance:
                 f"run forever)"
             )
 
-    def _missing(self, export: str) -> PolicyError:
+    def _missing(self, export: str) -> Exception:
+        if self._store is None:
+            return RuntimeError(f"policy {self.name!r}: instance is closed")
         return PolicyError(self.name, export, f"does not export {export!r}")
 
     def _busy(self) -> RuntimeError:

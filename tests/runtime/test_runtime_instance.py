@@ -203,3 +203,12 @@ def test_an_instance_of_a_closed_runtime_refuses_calls():
     rt.close()
     with pytest.raises(RuntimeError, match=r"^policy 'counter': its Runtime is closed"):
         inst.score(score_input(1), 1)
+
+
+def test_a_closed_instance_refuses_calls(load):
+    inst = load("counter").instantiate()
+    inst.close()
+    for call in (lambda: inst.score(score_input(1), 1), lambda: inst.describe(), lambda: inst.init({})):
+        with pytest.raises(RuntimeError) as err:
+            call()
+        assert str(err.value) == "policy 'counter': instance is closed"

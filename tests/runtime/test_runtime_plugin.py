@@ -245,6 +245,18 @@ def test_a_failed_trial_reopens_the_breaker_for_another_cooldown(policy, fake_cl
         plugin.score(cycle(2), (0, 1))
 
 
+def test_a_half_open_trial_that_never_reports_allows_another_after_a_cooldown(fake_clock):
+    from epick.runtime.breaker import CircuitBreaker
+
+    breaker = CircuitBreaker(1, 10.0, fake_clock)
+    breaker.failure()
+    fake_clock.advance(10.0)
+    assert breaker.allow() and breaker.state == "half-open"
+    assert not breaker.allow()  # the trial is out
+    fake_clock.advance(10.0)
+    assert breaker.allow()  # its outcome never came back
+
+
 def test_hooks_go_through_the_breaker_too(policy):
     plugin = policy("counter")
     for _ in range(5):
