@@ -14,9 +14,12 @@ step; the running set is untouched, so a bad module never replaces a working one
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import anyio
 
 from epick.runtime import PolicyError, PolicyModule, Runtime, WasmPolicy, validate
 from epick.scheduler.policyset import PolicyEntry, PolicySet, UnknownPolicyError
@@ -76,17 +79,26 @@ class PolicyManager:
 
     # -- loading -------------------------------------------------------------------
 
-    def prepare(
+    def vet(
         self, name: str, wasm: bytes, params: dict | None, *, source: str, gate: bool,
         shadow: bool = False,
-    ) -> tuple[WasmPolicy, ActivePolicy]:
-        """Compile, validate and (if ``gate``) conformance-check; raise PolicyRejected."""
+    ) -> ActivePolicy:
+        """Compile, validate and (if ``gate``) conformance-check; raise PolicyRejected.
+
+        Touches no live instance, so it may run on a worker thread: a conformance run
+        takes ~0.1–0.3 s, which must not stall picks on the event loop.
+        """
         params = dict(params or {})
         try:
             module = self.runtime.compile(wasm, name=name)
             validate(module, params)
-            plugin = WasmPolicy(module, params, name=name)
-            described = plugin.describe() if "describe" in module.exports else None
+            described = None
+            if "describe" in module.exports:
+                inst = module.instantiate(params)
+                try:
+                    described = inst.describe()
+                finally:
+                    inst.close()
         except PolicyError as exc:
             raise PolicyRejected(name, str(exc)) from exc
         info = ActivePolicy(
@@ -95,24 +107,51 @@ class PolicyManager:
             kind=described.kind if described else "custom",
         )
         if gate and self.require_conformance:
-            report = self._conformance(module, params, info.kind)
-            info.conformant = report.passed
-            if not report.passed:
-                failed = [c for c in report.cases if c.verdict != "pass"]
-                summary = "; ".join(f"{c.name}: {c.why}" for c in failed[:3])
-                if not (shadow and self.allow_nonconformant_shadow):
-                    raise PolicyRejected(
-                        name, f"fails conformance ({len(failed)} case(s)): {summary}"
-                    )
-                log.warning("policy %r fails conformance; allowed in shadow only: %s",
-                            name, summary)
-        return plugin, info
+            self._gate(info, shadow)
+        return info
 
-    @staticmethod
-    def _conformance(module: PolicyModule, params: dict, kind: str):
-        from epick.conformance import check  # imported late: only hot loads need it
+    def _gate(self, info: ActivePolicy, shadow: bool) -> None:
+        from epick.conformance import ConformanceError, check  # only hot loads need it
 
-        return check(module, params, kind=kind if kind != "custom" else None)
+        kind = info.kind if info.kind != "custom" else None
+        try:
+            report = check(info.module, info.params, kind=kind)
+        except (ConformanceError, PolicyError) as exc:
+            raise PolicyRejected(info.name, f"conformance could not run: {exc}") from exc
+        info.conformant = report.passed
+        if report.passed:
+            return
+        failed = report.failures
+        summary = "; ".join(f"{c.name}: {c.why}" for c in failed[:3])
+        if shadow and self.allow_nonconformant_shadow:
+            log.warning("policy %r fails conformance; allowed in shadow only: %s",
+                        info.name, summary)
+            return
+        raise PolicyRejected(info.name, f"fails conformance ({len(failed)} case(s)): {summary}")
+
+    def install(self, info: ActivePolicy, *, weight: float | None = None,
+                shadow: bool = False) -> ActivePolicy:
+        """Make a vetted module live (on the scheduler's thread): one PolicySet swap."""
+        name = info.name
+        if weight is not None and not weight >= 0:
+            raise PolicyRejected(name, f"weight must be >= 0, got {weight}")
+        try:
+            plugin = WasmPolicy(info.module, info.params, name=name)
+        except PolicyError as exc:
+            raise PolicyRejected(name, str(exc)) from exc
+        current = self.scheduler.policies
+        old = current.get(name) if name in current else None
+        if old is not None:
+            self._hand_over(name, old.plugin, plugin)
+            if weight is None:
+                weight = old.weight
+        entry = PolicyEntry(name=name, plugin=plugin, weight=1.0 if weight is None else weight,
+                            shadow=shadow)
+        self.scheduler.policies = current.put(entry)
+        self.active[name] = info
+        log.info("policy %r live (%s, sha256 %s, weight %s%s)", name, info.source,
+                 info.module.sha256[:12], entry.weight, ", shadow" if shadow else "")
+        return info
 
     def activate(
         self,
@@ -125,30 +164,24 @@ class PolicyManager:
         source: str = "admin",
         gate: bool = True,
     ) -> ActivePolicy:
-        """Make ``wasm`` live as policy ``name`` (new, or replacing the one of that name)."""
-        if weight is not None and not weight >= 0:
-            raise PolicyRejected(name, f"weight must be >= 0, got {weight}")
-        plugin, info = self.prepare(name, wasm, params, source=source, gate=gate,
-                                    shadow=shadow)
-        current = self.scheduler.policies
-        old = current.get(name) if name in current else None
-        if old is not None:
-            self._hand_over(name, old.plugin, plugin)
-            if weight is None:
-                weight = old.weight
-        entry = PolicyEntry(name=name, plugin=plugin, weight=1.0 if weight is None else weight,
-                            shadow=shadow)
-        self.scheduler.policies = current.put(entry)
-        self.active[name] = info
-        log.info("policy %r live (%s, sha256 %s, weight %s%s)", name, source,
-                 info.module.sha256[:12], entry.weight, ", shadow" if shadow else "")
-        return info
+        """Vet and install in one go, on the calling (scheduler) thread."""
+        info = self.vet(name, wasm, params, source=source, gate=gate, shadow=shadow)
+        return self.install(info, weight=weight, shadow=shadow)
+
+    async def activate_async(self, name: str, wasm: bytes, params: dict | None = None, *,
+                             weight: float | None = None, shadow: bool = False,
+                             source: str = "admin", gate: bool = True) -> ActivePolicy:
+        """Like :meth:`activate`, vetting on a worker thread so picks keep flowing."""
+        info = await anyio.to_thread.run_sync(
+            functools.partial(self.vet, name, wasm, params, source=source, gate=gate,
+                              shadow=shadow))
+        return self.install(info, weight=weight, shadow=shadow)
 
     @staticmethod
     def _hand_over(name: str, old: object, new: WasmPolicy) -> None:
         """Carry state (LoRA history, prefix LRU) across a swap when both sides can."""
         export = getattr(old, "export_state", None)
-        if export is None or not getattr(old, "has_state", True) or not new.has_state:
+        if export is None or not getattr(old, "has_state", False) or not new.has_state:
             return
         try:
             state = export()
@@ -188,7 +221,11 @@ class PolicyManager:
                 prepared.append((PolicyEntry(name, current.get(name).plugin, weight, shadow),
                                  info))
                 continue
-            plugin, info = self.prepare(name, wasm, params, source=source, gate=False)
+            info = self.vet(name, wasm, params, source=source, gate=False)
+            try:
+                plugin = WasmPolicy(info.module, info.params, name=name)
+            except PolicyError as exc:
+                raise PolicyRejected(name, str(exc)) from exc
             if name in current:
                 self._hand_over(name, current.get(name).plugin, plugin)
             prepared.append((PolicyEntry(name, plugin, weight, shadow), info))

@@ -307,9 +307,9 @@ class Service:
             watch_filter=lambda c, p: p.endswith(".wasm") and c != watchfiles.Change.deleted,
         ):
             for _change, p in sorted(changes):
-                self.hot_load(Path(p))
+                await self.hot_load(Path(p))
 
-    def hot_load(self, path: Path) -> bool:
+    async def hot_load(self, path: Path) -> bool:
         """Validate ``path`` and swap it in as policy ``path.stem``; False if refused."""
         name = path.stem
         try:
@@ -317,7 +317,8 @@ class Service:
             current = self.scheduler.policies
             params = self.manager.active[name].params if name in self.manager.active else {}
             shadow = current.get(name).shadow if name in current else False
-            self.manager.activate(name, wasm, params, shadow=shadow, source=str(path))
+            await self.manager.activate_async(name, wasm, params, shadow=shadow,
+                                              source=str(path))
         except PolicyRejected as exc:
             log.error("hot swap refused, the running policy stays: %s", exc)
             return False

@@ -87,7 +87,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             )
         weight = request.weight if request.HasField("weight") else None
         try:
-            self.manager.activate(
+            await self.manager.activate_async(
                 request.name, request.wasm, params, weight=weight,
                 shadow=request.shadow, source="admin",
             )
