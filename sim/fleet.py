@@ -144,7 +144,7 @@ class Fleet:
             raise ValueError(f"scrape_interval_s must be positive, got {scrape_interval_s}")
         cpu0 = time.process_time()
         n = self.n_replicas
-        replicas = [Replica(self.config) for _ in range(n)]
+        replicas = [Replica(self.config, report_tokens=False) for _ in range(n)]
         pages = [MetricsPage(r, clock_origin=CLOCK_ORIGIN) for r in replicas]
         view = FleetView(self.addresses, pages)
         on_complete = getattr(router, "on_complete", None)

@@ -100,8 +100,11 @@ class StepOutput:
 class Replica:
     """The engine of one replica. See the module docstring for the model."""
 
-    def __init__(self, config: ReplicaConfig) -> None:
+    def __init__(self, config: ReplicaConfig, *, report_tokens: bool = True) -> None:
         self.config = config
+        self.report_tokens = report_tokens
+        """Fill :attr:`StepOutput.emitted` (streaming drivers); off, only completions
+        are reported, which saves a tuple per generated token."""
         self.kv = KVCache(config.num_gpu_blocks)
         self.lora = LoraSlots(
             config.max_loras, config.cpu_lora_capacity,
@@ -284,22 +287,28 @@ class Replica:
         sched: list[tuple[EngineRequest, int]] = []
         running = self._running
         preempted = False
+        bs = cfg.block_size
         i = 0
+        # The hot loop of a run (every running request, every step): kept plain.
         while i < len(running) and budget > 0:
             req = running[i]
-            n = min(req.num_tokens - req.num_computed, budget)
-            need = self._blocks_for(req.num_computed + n) - len(req.blocks)
-            while need > kv.num_free:
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    break
-            if req.status is not Status.RUNNING:
-                break
+            n = req.prompt_tokens + req.output_tokens - req.num_computed
+            if n > budget:
+                n = budget
+            total = req.num_computed + n
+            need = -(-total // bs) - len(req.blocks)
             if need > 0:
+                while need > kv.num_free:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        break
+                if req.status is not Status.RUNNING:
+                    break
                 req.blocks.extend(kv.allocate(need))
-            self._register(req, req.num_computed + n)
+            if req.registered < len(req.block_hashes):
+                self._register(req, total)
             sched.append((req, n))
             budget -= n
             i += 1
@@ -311,7 +320,6 @@ class Replica:
         waiting = self._waiting
         skipped: list[EngineRequest] = []
         lora = self.lora
-        bs = cfg.block_size
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req = waiting[0]
             if req.adapter and not lora.can_start(req.adapter):
@@ -377,17 +385,20 @@ class Replica:
         self._step = []
         self._step_end = None
         finished = False
+        emitted = out.emitted if self.report_tokens else None
+        tokens = 0
         for req, n in sched:
             if req.status is not Status.RUNNING:
                 continue  # aborted while the step ran
             req.num_computed += n
-            if req.num_computed < req.num_tokens:
+            if req.num_computed < req.prompt_tokens + req.output_tokens:
                 continue  # a prefill chunk: no token yet
             req.output_tokens += 1
-            self.generation_tokens += 1
+            tokens += 1
             if req.first_token_at is None:
                 req.first_token_at = t
-            out.emitted.append((req, req.output_tokens, t))
+            if emitted is not None:
+                emitted.append((req, req.output_tokens, t))
             if req.output_tokens >= req.max_tokens:
                 req.status = Status.FINISHED
                 req.finished_at = t
@@ -395,5 +406,6 @@ class Replica:
                 del self._requests[req.request_id]
                 out.finished.append(req)
                 finished = True
+        self.generation_tokens += tokens
         if finished:
             self._running = [r for r in self._running if r.status is Status.RUNNING]
