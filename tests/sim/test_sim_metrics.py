@@ -108,3 +108,23 @@ def test_views_direct_metrics_equal_parsing_the_rendered_text():
     Fleet(3, cfg, seed=3).run(multi_lora(qps=30, duration_s=3, adapters=4, seed=3), Check())
     assert any(m.running_adapters for m in seen)
     assert any(m.waiting for m in seen)
+
+
+def test_the_pools_parser_reads_the_simulated_pages_as_the_view_does():
+    # Interop: phase 2 feeds view.metrics_text(i) to epick.pool.parse_metrics.
+    from epick.pool.parse import parse_metrics as pool_parse
+
+    checked = []
+
+    class Check:
+        def route(self, req, view):
+            for i in range(len(view)):
+                text = view.metrics_text(i).decode()
+                got = pool_parse(text, engine="vllm", url=f"http://{view.addresses[i]}/metrics",
+                                 previous=view._previous[i], address=view.addresses[i])
+                assert got == view.metrics(i)
+                checked.append(got)
+            return len(checked) % len(view)
+
+    Fleet(3, cfg, seed=5).run(multi_lora(qps=30, duration_s=3, adapters=4, seed=5), Check())
+    assert any(m.waiting_adapters for m in checked)
