@@ -157,6 +157,7 @@ def test_compiled_artifacts_are_cached_on_disk_and_reused(tmp_path):
     artifacts = list(tmp_path.glob("*.cwasm"))
     assert [p.name.split("-")[0] for p in artifacts] == [first.sha256]
     with Runtime(cache_dir=tmp_path) as rt:
+        assert rt._cache.load(rt.engine, first.sha256) is not None  # what compile will use
         again = rt.compile(data, name="counter")
         assert again.instantiate().export_state() == b"\0" * 8
 
