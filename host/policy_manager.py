@@ -15,6 +15,7 @@ step; the running set is untouched, so a bad module never replaces a working one
 from __future__ import annotations
 
 import functools
+import math
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,8 +134,7 @@ class PolicyManager:
                 shadow: bool = False) -> ActivePolicy:
         """Make a vetted module live (on the scheduler's thread): one PolicySet swap."""
         name = info.name
-        if weight is not None and not weight >= 0:
-            raise PolicyRejected(name, f"weight must be >= 0, got {weight}")
+        _check_weight(name, weight)
         try:
             plugin = WasmPolicy(info.module, info.params, name=name)
         except PolicyError as exc:
@@ -165,6 +165,7 @@ class PolicyManager:
         gate: bool = True,
     ) -> ActivePolicy:
         """Vet and install in one go, on the calling (scheduler) thread."""
+        _check_weight(name, weight)
         info = self.vet(name, wasm, params, source=source, gate=gate, shadow=shadow)
         return self.install(info, weight=weight, shadow=shadow)
 
@@ -172,6 +173,7 @@ class PolicyManager:
                              weight: float | None = None, shadow: bool = False,
                              source: str = "admin", gate: bool = True) -> ActivePolicy:
         """Like :meth:`activate`, vetting on a worker thread so picks keep flowing."""
+        _check_weight(name, weight)
         info = await anyio.to_thread.run_sync(
             functools.partial(self.vet, name, wasm, params, source=source, gate=gate,
                               shadow=shadow))
@@ -197,8 +199,7 @@ class PolicyManager:
         log.info("policy %r removed", name)
 
     def set_weight(self, name: str, weight: float) -> PolicyEntry:
-        if not weight >= 0:
-            raise PolicyRejected(name, f"weight must be >= 0, got {weight}")
+        _check_weight(name, weight)
         self.scheduler.policies = self.scheduler.policies.with_weight(name, weight)
         return self.scheduler.policies.get(name)
 
@@ -238,6 +239,11 @@ class PolicyManager:
 
     def names(self) -> list[str]:
         return [e.name for e in self.scheduler.policies.entries]
+
+
+def _check_weight(name: str, weight: float | None) -> None:
+    if weight is not None and not (weight >= 0 and math.isfinite(weight)):
+        raise PolicyRejected(name, f"weight must be a finite number >= 0, got {weight}")
 
 
 def _sha256(data: bytes) -> str:
