@@ -120,6 +120,7 @@ class WasmPolicy:
         self._good_state: bytes | None = None
         self._pool: object = None  # the PoolSnapshot the instance holds (resident mode)
         self._recovery_error = ""
+        self._closed = False
         self.stats = PolicyStats(stats_window)
 
     def __repr__(self) -> str:
@@ -186,13 +187,13 @@ class WasmPolicy:
     # -- control plane (hot swap, admin) ------------------------------------------------
 
     def describe(self) -> abi.Describe:
-        return self._live().describe()
+        return self._control(lambda inst: inst.describe())
 
     def export_state(self) -> bytes | None:
         """The policy's state, or ``None`` if the module has no ``export_state``."""
         if not self.has_state:
             return None
-        return self._live().export_state()
+        return self._control(lambda inst: inst.export_state())
 
     def import_state(self, blob: bytes) -> None:
         """Load state from ``export_state`` (this or another version of the policy).
@@ -201,22 +202,33 @@ class WasmPolicy:
         """
         if not self.has_state:
             raise PolicyError(self.name, "import_state", "does not export 'import_state'")
-        self._live().import_state(blob)
+        self._control(lambda inst: inst.import_state(blob))
         self._good_state = bytes(blob)
         self._last_checkpoint = self._clock()
         self._dirty = False
 
     def close(self) -> None:
-        """Release the instance now (the plugin is unusable after)."""
+        """Release the instance now; the plugin is unusable after (``RuntimeError``)."""
+        self._closed = True
         if self._inst is not None:
             self._inst.close()
         self._inst = None
 
     # -- internals ----------------------------------------------------------------------
 
+    def _control(self, call: Callable[[PolicyInstance], Any]) -> Any:
+        """A control-plane call: PolicyError propagates, but a trap still re-creates."""
+        try:
+            return call(self._live())
+        except (PolicyTrap, PolicyTimeout):
+            self._recover()
+            raise
+
     def _live(self) -> PolicyInstance:
         inst = self._inst
         if inst is None:
+            if self._closed:
+                raise RuntimeError(f"policy {self.name!r}: WasmPolicy is closed")
             self._recover()
             inst = self._inst
             if inst is None:

@@ -338,3 +338,11 @@ def test_scores_are_a_fresh_array_each_call(policy):
     a[:] = 7.0
     assert isinstance(a, np.ndarray)
     assert plugin.score(c, (0, 1)).tolist() == [0.0, 0.0]
+
+
+def test_a_closed_policy_refuses_calls(policy):
+    plugin = policy("counter")
+    plugin.close()
+    with pytest.raises(RuntimeError) as err:
+        plugin.score(cycle(1), (0,))
+    assert str(err.value) == "policy 'counter': WasmPolicy is closed"
