@@ -181,7 +181,7 @@ class Fleet:
                 ttft_s=req.first_token_at - sreq.arrival_s,
                 e2e_s=req.finished_at - sreq.arrival_s,
                 prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
-                cached_tokens=req.cached_tokens, adapter_load=req.loaded_adapter,
+                cached_tokens=req.cached_tokens, adapter_loads=req.adapter_loads,
                 preemptions=req.preemptions,
             )
             if on_complete is not None:
@@ -252,6 +252,6 @@ class Fleet:
             for i in range(n)
         )
         return Results(
-            records=done, summary=summarize(done, stats), replicas=stats,
+            records=done, summary=summarize(done), replicas=stats,
             cpu_s=time.process_time() - cpu0,
         )

@@ -75,8 +75,8 @@ class EngineRequest:
     registered: int = 0
     cached_tokens: int = -1
     """Prompt tokens served from the prefix cache at first admission (-1 before)."""
-    loaded_adapter: bool = False
-    """An admission of this request had to load its adapter into a slot."""
+    adapter_loads: int = 0
+    """Adapter loads its admissions caused (0 or 1, more after preemptions)."""
     preemptions: int = 0
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -345,8 +345,7 @@ class Replica:
             if req.adapter:
                 loads = lora.loads
                 load_s += lora.acquire(req.adapter)
-                if lora.loads > loads:
-                    req.loaded_adapter = True
+                req.adapter_loads += lora.loads - loads
             self._register(req, computed + n)
             req.status = Status.RUNNING
             running.append(req)

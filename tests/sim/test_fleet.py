@@ -24,6 +24,11 @@ def test_a_minute_of_multi_lora_traffic_runs_in_seconds():
     assert cpu < 30  # generous: a shared 2-core machine; typically ~0.5 s
     assert 0 < s.ttft_p50_s <= s.ttft_p90_s <= s.ttft_p99_s
     assert s.adapter_loads == sum(r.adapter_loads for r in res.replicas) > 0
+    groups = res.by_group()
+    assert list(groups) == ["g0", "g1", "g2"]
+    assert sum(g.requests for g in groups.values()) == s.requests
+    assert sum(g.adapter_loads for g in groups.values()) == s.adapter_loads
+    assert groups["g0"].requests > groups["g1"].requests > groups["g2"].requests
 
 
 def test_same_seed_same_run_and_records_are_in_arrival_order():
