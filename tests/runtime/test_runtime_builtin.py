@@ -1,0 +1,46 @@
+"""The built policies (policies/dist/*.wasm) run as plugins through the real runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from epick import abi
+from epick.runtime import WasmPolicy
+from epick.runtime.validate import synthetic_snapshot
+from epick.scheduler.framework import Cycle, PoolSnapshot
+
+DIST = Path(__file__).resolve().parents[2] / "policies" / "dist"
+BUILT = sorted(DIST.glob("*.wasm"))
+
+
+@pytest.mark.parametrize("path", BUILT, ids=lambda p: p.stem)
+def test_a_built_policy_serves_a_full_cycle(runtime, path):
+    plugin = WasmPolicy(runtime.compile(path.read_bytes(), name=path.stem), {})
+    pool = PoolSnapshot.build(synthetic_snapshot(64, adapters=True))
+    request = abi.Request(request_id="r1", model="base-model", adapter="chat-lora", prompt="p" * 200)
+    cycle = Cycle(pool=pool, request=request)
+    candidates = tuple(range(64))
+    if plugin.is_filter:
+        kept = plugin.filter(cycle, candidates)
+        assert set(kept) <= set(candidates)
+    if plugin.is_scorer:
+        scores = plugin.score(cycle, candidates)
+        assert scores.shape == (64,) and np.isfinite(scores).all()
+        assert ((0 <= scores) & (scores <= 1)).all()
+    if plugin.has_pre_request:
+        plugin.pre_request(cycle, pool.snapshot.endpoints[3].address)
+    if plugin.has_post_response:
+        plugin.post_response(
+            abi.PostResponseEvent(request_id="r1", adapter="chat-lora",
+                                  endpoint=pool.snapshot.endpoints[3].address, model="base-model")
+        )
+    if plugin.has_state:
+        twin = WasmPolicy(plugin.module, {})
+        twin.import_state(plugin.export_state())
+        if plugin.is_scorer:
+            assert twin.score(cycle, candidates).tolist() == plugin.score(cycle, candidates).tolist()
+    assert plugin.stats.errors == 0
+    assert plugin.describe().name
