@@ -87,11 +87,6 @@ class ReplicaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         """Adapters host memory holds: ``max_cpu_loras``, or ``max_loras`` when 0."""
         return max(self.max_cpu_loras or self.max_loras, self.max_loras)
 
-    @property
-    def max_prompt_blocks(self) -> int:
-        """Blocks one request may hold: a request needing more is rejected at submit."""
-        return min(self.num_gpu_blocks, -(-self.max_model_len // self.block_size))
-
 
 DEFAULT_CONFIG = ReplicaConfig()
 
@@ -104,9 +99,10 @@ def load_config(data: bytes | str, *, source: str = "<config>") -> ReplicaConfig
     Raises
     ------
     ValueError
-        ``"<source>: Object contains unknown field `x` - at `$`"`` and the like.
+        ``"<source>: Object contains unknown field `x`"``, ``"<source>: Expected `float`
+        > 0.0 - at `$.prefill_tokens_per_s`"``, malformed JSON, and the like.
     """
     try:
         return _decoder.decode(data)
-    except msgspec.ValidationError as exc:
+    except msgspec.DecodeError as exc:  # ValidationError included
         raise ValueError(f"{source}: {exc}") from None

@@ -14,7 +14,8 @@ def test_a_json_config_overrides_only_what_it_names():
     (b'{"prefill_tokens_per_s": 0}', "sim.json: Expected `float` > 0.0 - at `$.prefill_tokens_per_s`"),
     (b'{"block_size": 32, "max_num_batched_tokens": 16}',
      "sim.json: max_num_batched_tokens (16) must be at least block_size (32)"),
-], ids=["unknown-key", "non-positive-rate", "budget-below-block"])
+    (b'{"max_loras": ', "sim.json: Input data was truncated"),
+], ids=["unknown-key", "non-positive-rate", "budget-below-block", "truncated"])
 def test_bad_configs_name_the_file_and_the_path(data, message):
     with pytest.raises(ValueError) as err:
         load_config(data, source="sim.json")
