@@ -13,7 +13,7 @@ Each property is a function ``(Probe) -> CaseResult`` named ``property/<what>``:
     time-budget                the heaviest inputs (1,024 endpoints, the longest prompt) never
                                hit the runtime's per-call deadline three times in a row
                                (the deadline is wall-clock: one hit can be a busy machine)
-    memory-stable              linear memory does not grow from call 1,000 to call 10,000
+    memory-stable              linear memory does not grow from call 5,000 to call 10,000
     reinit-resets-state        init after a history gives a fresh instance's outputs
 
 They run with the params the policy will go live with, on a fixed, generated "probe"
@@ -430,7 +430,14 @@ def _memory_bytes(instance) -> int:
     return size if size is not None else instance._memory.size
 
 
-def memory_stable(p: Probe, calls: int = 10_000, warmup: int = 1_000) -> CaseResult:
+def memory_stable(p: Probe, calls: int = 10_000, warmup: int = 5_000) -> CaseResult:
+    """Linear memory after ``calls`` calls is no larger than after ``warmup``.
+
+    The first half is warm-up: hash maps and LRUs reach their working size (the shipped
+    lora-affinity policy settles between 1,000 and 2,000 calls, then holds its size to
+    200,000). A leak keeps growing through the second half. Memory grows in 64 KiB
+    pages, so 5,000 calls reveal a leak of about 13 bytes a call or more.
+    """
     t0 = time.perf_counter()
     d = p.driver()
     try:
