@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-import uvicorn
+from aiohttp import web
 
 from epick.gateway.proxy import Gateway, make_app
 
@@ -18,8 +18,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     host, port = args.listen.rsplit(":", 1)
-    uvicorn.run(make_app(Gateway(args.epick, args.model)), host=host, port=int(port),
-                log_level="warning")
+
+    async def app() -> web.Application:
+        return make_app(Gateway(args.epick, args.model))
+
+    web.run_app(app(), host=host, port=int(port), print=None)
     return 0
 
 

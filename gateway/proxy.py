@@ -18,18 +18,16 @@ the ``x-criticality`` header (critical | standard | sheddable; default standard)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import aiohttp
 import grpc
-import httpx
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from aiohttp import web
 
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 from epick.api.gen.epick.v1 import picker_pb2_grpc
@@ -45,14 +43,14 @@ _HTTP_FOR = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.INVALID_ARGUMENT: 400,
 }
-# Hop-by-hop headers a proxy must not forward.
+# Hop-by-hop headers a proxy must not forward (plus what aiohttp recomputes).
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
-        "content-length", "host"}
+        "content-length", "host", "content-encoding"}
 
 
-def _error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
-                        status_code=status)
+def _error(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}},
+                             status=status)
 
 
 @dataclass
@@ -65,16 +63,19 @@ class GatewayStats:
 
 
 class Gateway:
+    """Create inside a running event loop; :meth:`close` when done."""
+
     def __init__(self, epick_target: str, base_model: str, *, timeout_s: float = 300.0):
         self.base_model = base_model
         self.channel = grpc.aio.insecure_channel(epick_target)
         self.picker = picker_pb2_grpc.EndpointPickerStub(self.channel)
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=2.0),
-                                      limits=httpx.Limits(max_connections=1000))
+        self.http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=timeout_s, connect=2.0),
+            connector=aiohttp.TCPConnector(limit=1000), auto_decompress=False)
         self.stats = GatewayStats()
 
     async def close(self) -> None:
-        await self.http.aclose()
+        await self.http.close()
         await self.channel.close()
 
     def pick_request(self, path: str, body: dict, headers) -> pb.PickRequest:
@@ -104,13 +105,14 @@ class Gateway:
             criticality=_CRITICALITY[crit],
         )
 
-    async def handle(self, request: Request) -> Response:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("the body must be a JSON object")
-            pick_req = self.pick_request(request.url.path, body, request.headers)
-        except (ValueError, json.JSONDecodeError) as exc:
+            pick_req = self.pick_request(request.path, body, request.headers)
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
             self.stats.outcomes[400] += 1
             return _error(400, f"malformed request: {exc}", "invalid_request_error")
 
@@ -125,42 +127,43 @@ class Gateway:
         self.stats.pick_latency_s.append(time.perf_counter() - t0)
 
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        raw = await request.body()
         for endpoint in [decision.endpoint, *decision.fallbacks]:
-            upstream = self.http.build_request(
-                "POST", f"http://{endpoint}{request.url.path}", content=raw, headers=headers)
             try:
-                resp = await self.http.send(upstream, stream=True)
-            except httpx.ConnectError:
+                upstream = await self.http.post(f"http://{endpoint}{request.path}", data=raw,
+                                                headers=headers)
+            except aiohttp.ClientConnectionError:
                 log.warning("endpoint %s refused; trying the next fallback", endpoint)
                 continue
             self.stats.picks[endpoint] += 1
-            self.stats.outcomes[resp.status_code] += 1
-            return StreamingResponse(
-                self._relay(resp, decision.decision_id, endpoint, t0),
-                status_code=resp.status_code,
-                headers={k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
-                | {"x-gateway-destination-endpoint": endpoint},
-            )
+            self.stats.outcomes[upstream.status] += 1
+            return await self._relay(request, upstream, decision.decision_id, endpoint, t0)
         await self._report(decision.decision_id, decision.endpoint, pb.ERROR, None)
         self.stats.outcomes[502] += 1
         return _error(502, "every endpoint epick offered refused the connection", "bad_gateway")
 
-    async def _relay(self, resp: httpx.Response, decision_id: str, endpoint: str, t0: float):
+    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse,
+                     decision_id: str, endpoint: str, t0: float) -> web.StreamResponse:
+        """Stream the replica's answer back as it comes; report completion at the end."""
         status, ttft = pb.OK, None
+        response = web.StreamResponse(status=upstream.status, headers={
+            **{k: v for k, v in upstream.headers.items() if k.lower() not in _HOP},
+            "x-gateway-destination-endpoint": endpoint})
         try:
-            async for chunk in resp.aiter_raw():
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
                 if ttft is None:
                     ttft = time.perf_counter() - t0
-                yield chunk
-            if resp.status_code >= 400:
+                await response.write(chunk)
+            await response.write_eof()
+            if upstream.status >= 400:
                 status = pb.ERROR
-        except BaseException:
-            status = pb.CANCELLED  # the client went away (or the replica broke mid-stream)
+        except (ConnectionResetError, aiohttp.ClientError, asyncio.CancelledError):
+            status = pb.CANCELLED  # the client went away, or the replica broke mid-stream
             raise
         finally:
-            await resp.aclose()
+            upstream.release()
             await self._report(decision_id, endpoint, status, ttft)
+        return response
 
     async def _report(self, decision_id: str, endpoint: str, status, ttft) -> None:
         try:
@@ -171,12 +174,16 @@ class Gateway:
             log.warning("ReportCompletion failed: %s", exc.details())
 
 
-def make_app(gateway: Gateway) -> Starlette:
-    async def health(_: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+def make_app(gateway: Gateway) -> web.Application:
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
 
-    return Starlette(routes=[
-        Route("/v1/completions", gateway.handle, methods=["POST"]),
-        Route("/v1/chat/completions", gateway.handle, methods=["POST"]),
-        Route("/health", health),
-    ], on_shutdown=[gateway.close])
+    async def close(_: web.Application) -> None:
+        await gateway.close()
+
+    app = web.Application(client_max_size=16 << 20)
+    app.router.add_post("/v1/completions", gateway.handle)
+    app.router.add_post("/v1/chat/completions", gateway.handle)
+    app.router.add_get("/health", health)
+    app.on_cleanup.append(close)
+    return app
