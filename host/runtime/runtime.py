@@ -49,9 +49,10 @@ class Runtime:
 
     The ticker period is ``budget_ms`` (clamped to [0.5, 100] ms); a call's deadline is
     ``ceil(budget / period) + 1`` ticks away, so a call is stopped after between
-    ``budget`` and ``budget + period`` (1-2 ms by default). Each tick wakes a thread
-    (~15 µs of CPU here), so a finer period costs CPU for every millisecond of uptime:
-    at 1 ms it is ~1.5% of a core.
+    ``budget`` and ``budget + period`` plus wake-up lateness (measured here at the
+    default 1 ms budget: a spinning guest is stopped after ~2.2 ms). Each tick wakes a
+    thread (~15-20 µs of CPU here), so a finer period costs CPU for every millisecond of
+    uptime: at 1 ms it is ~2% of a core.
     """
 
     def __init__(self, limits: Limits = Limits(), cache_dir: Path | None = None) -> None:
