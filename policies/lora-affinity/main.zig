@@ -59,22 +59,35 @@ pub const Params = struct {
 const Hist = struct { inflight: u32 = 0, last_pre_ms: i64 = 0 };
 
 const EpState = struct {
+    address: []u8,
+    /// Adapter name (owned) -> its history here.
     adapters: std.StringHashMapUnmanaged(Hist) = .empty,
+    /// Sum of `inflight` over `adapters`: 0 lets scoring skip the map.
+    inflight: u32 = 0,
 };
 
-/// A request picked and not yet reported complete (for idempotent post_response).
-const ReqRec = struct { endpoint: []u8, adapter: []u8, at_ms: i64 };
+/// A request picked and not yet reported complete (for idempotent post_response). It
+/// points into the history it counts in, so recording one allocates nothing.
+const ReqRec = struct {
+    ep: *EpState,
+    /// The key slice owned by `ep.adapters`.
+    adapter: []const u8,
+    at_ms: i64,
+};
 
 const gpa = sdk.gpa;
 
 var cfg: Params = .{};
+/// Address (owned by the EpState) -> its history.
 var endpoints: std.StringHashMapUnmanaged(*EpState) = .empty;
-var requests: std.StringHashMapUnmanaged(ReqRec) = .empty;
+/// Request id, hashed (64-bit: collisions among in-flight ids are negligible) -> record.
+/// An array hash map deletes without tombstones: this one churns on every request.
+var requests: std.AutoArrayHashMapUnmanaged(u64, ReqRec) = .empty;
 var last_reconcile_ms: ?i64 = null;
 
 // Snapshot index -> that endpoint's history, rebuilt when the snapshot or the set of
 // endpoints with history changes: scoring then does no string hashing.
-var by_index: std.ArrayList(?*EpState) = .empty;
+var by_index: std.ArrayList(*EpState) = .empty;
 var by_index_version: ?i64 = null;
 var by_index_dirty = true;
 
@@ -84,11 +97,9 @@ pub fn init(p: *const Params) sdk.Error!void {
 }
 
 fn clearState() void {
-    var it = requests.iterator();
-    while (it.next()) |kv| freeRec(kv.key_ptr.*, kv.value_ptr.*);
     requests.clearAndFree(gpa);
-    var eit = endpoints.iterator();
-    while (eit.next()) |kv| freeEp(kv.key_ptr.*, kv.value_ptr.*);
+    var it = endpoints.iterator();
+    while (it.next()) |kv| freeEp(kv.value_ptr.*);
     endpoints.clearAndFree(gpa);
     by_index.clearAndFree(gpa);
     by_index_version = null;
@@ -96,41 +107,38 @@ fn clearState() void {
     last_reconcile_ms = null;
 }
 
-fn freeRec(id: []const u8, rec: ReqRec) void {
-    gpa.free(id);
-    gpa.free(rec.endpoint);
-    gpa.free(rec.adapter);
-}
-
-fn freeEp(address: []const u8, st: *EpState) void {
+fn freeEp(st: *EpState) void {
     var it = st.adapters.iterator();
     while (it.next()) |kv| gpa.free(kv.key_ptr.*);
     st.adapters.deinit(gpa);
+    gpa.free(st.address);
     gpa.destroy(st);
-    gpa.free(address);
+}
+
+fn idHash(id: []const u8) u64 {
+    return std.hash.Wyhash.hash(0, id);
 }
 
 // -- history ---------------------------------------------------------------------------
 
 fn epState(address: []const u8) sdk.Error!*EpState {
     const gop = try endpoints.getOrPut(gpa, address);
-    if (!gop.found_existing) {
-        gop.key_ptr.* = gpa.dupe(u8, address) catch |e| {
-            endpoints.removeByPtr(gop.key_ptr);
-            return e;
-        };
-        gop.value_ptr.* = gpa.create(EpState) catch |e| {
-            gpa.free(gop.key_ptr.*);
-            endpoints.removeByPtr(gop.key_ptr);
-            return e;
-        };
-        gop.value_ptr.*.* = .{};
-        by_index_dirty = true;
-    }
-    return gop.value_ptr.*;
+    if (gop.found_existing) return gop.value_ptr.*;
+    errdefer endpoints.removeByPtr(gop.key_ptr);
+    const st = try gpa.create(EpState);
+    errdefer gpa.destroy(st);
+    st.* = .{ .address = try gpa.dupe(u8, address) };
+    errdefer gpa.free(st.address);
+    try st.adapters.ensureTotalCapacity(gpa, 8);
+    gop.key_ptr.* = st.address;
+    gop.value_ptr.* = st;
+    by_index_dirty = true;
+    return st;
 }
 
-fn hist(st: *EpState, adapter: []const u8) sdk.Error!*Hist {
+const HistRef = struct { key: []const u8, hist: *Hist };
+
+fn hist(st: *EpState, adapter: []const u8) sdk.Error!HistRef {
     const gop = try st.adapters.getOrPut(gpa, adapter);
     if (!gop.found_existing) {
         gop.key_ptr.* = gpa.dupe(u8, adapter) catch |e| {
@@ -139,13 +147,15 @@ fn hist(st: *EpState, adapter: []const u8) sdk.Error!*Hist {
         };
         gop.value_ptr.* = .{};
     }
-    return gop.value_ptr;
+    return .{ .key = gop.key_ptr.*, .hist = gop.value_ptr };
 }
 
-fn decrement(endpoint: []const u8, adapter: []const u8) void {
-    const st = endpoints.get(endpoint) orelse return;
+fn decrementIn(st: *EpState, adapter: []const u8) void {
     const h = st.adapters.getPtr(adapter) orelse return;
-    if (h.inflight > 0) h.inflight -= 1;
+    if (h.inflight > 0) {
+        h.inflight -= 1;
+        st.inflight -= 1;
+    }
 }
 
 pub fn preRequest(ev: *const sdk.PreRequest) sdk.Error!void {
@@ -153,40 +163,24 @@ pub fn preRequest(ev: *const sdk.PreRequest) sdk.Error!void {
     const adapter = ev.request.adapter;
     if (adapter.len == 0 or ev.endpoint.len == 0) return;
     const id = ev.request.request_id;
-    if (id.len > 0) {
-        // The same id picked again (a gateway retry): the earlier pick is void.
-        if (requests.fetchRemove(id)) |old| {
-            decrement(old.value.endpoint, old.value.adapter);
-            freeRec(old.key, old.value);
-        }
-    }
-    const h = try hist(try epState(ev.endpoint), adapter);
-    h.inflight += 1;
-    h.last_pre_ms = ev.timestamp_ms;
-    if (id.len > 0) {
-        const rec: ReqRec = .{
-            .endpoint = try gpa.dupe(u8, ev.endpoint),
-            .adapter = try gpa.dupe(u8, adapter),
-            .at_ms = ev.timestamp_ms,
-        };
-        const key = try gpa.dupe(u8, id);
-        requests.put(gpa, key, rec) catch |e| {
-            freeRec(key, rec);
-            return e;
-        };
-    }
+    // The same id picked again (a gateway retry): the earlier pick is void.
+    if (id.len > 0) if (requests.fetchSwapRemove(idHash(id))) |old| decrementIn(old.value.ep, old.value.adapter);
+    const st = try epState(ev.endpoint);
+    const ref = try hist(st, adapter);
+    ref.hist.inflight += 1;
+    ref.hist.last_pre_ms = ev.timestamp_ms;
+    st.inflight += 1;
+    if (id.len > 0) try requests.put(gpa, idHash(id), .{ .ep = st, .adapter = ref.key, .at_ms = ev.timestamp_ms });
 }
 
 pub fn postResponse(ev: *const sdk.PostResponse) sdk.Error!void {
     if (ev.request_id.len > 0) {
         // Known id: undo exactly its pre_request, once. Unknown id: nothing to undo.
-        if (requests.fetchRemove(ev.request_id)) |kv| {
-            decrement(kv.value.endpoint, kv.value.adapter);
-            freeRec(kv.key, kv.value);
-        }
+        if (requests.fetchSwapRemove(idHash(ev.request_id))) |kv| decrementIn(kv.value.ep, kv.value.adapter);
         return;
     }
-    if (ev.adapter.len > 0) decrement(ev.endpoint, ev.adapter);
+    if (ev.adapter.len == 0) return;
+    if (endpoints.get(ev.endpoint)) |st| decrementIn(st, ev.adapter);
 }
 
 // -- snapshots and reconcile ------------------------------------------------------------
@@ -201,35 +195,39 @@ pub fn onSnapshot(snap: *const sdk.Snapshot) sdk.Error!void {
     try rebuildIndex(snap);
 }
 
-fn addressSet(snap: *const sdk.Snapshot) sdk.Error!std.StringHashMapUnmanaged(u32) {
-    var set: std.StringHashMapUnmanaged(u32) = .empty;
-    try set.ensureTotalCapacity(sdk.scratch(), @intCast(snap.endpoints.len));
-    for (snap.endpoints, 0..) |*e, i| set.putAssumeCapacity(e.address, @intCast(i));
-    return set;
+/// Remove the request records `drop` selects (swap-remove: indices shift onto `i`).
+fn dropRecords(ctx: anytype, comptime drop: fn (@TypeOf(ctx), *const ReqRec) bool, undo: bool) void {
+    var i: usize = 0;
+    while (i < requests.count()) {
+        const rec = &requests.values()[i];
+        if (drop(ctx, rec)) {
+            if (undo) decrementIn(rec.ep, rec.adapter);
+            requests.swapRemoveAt(i);
+        } else i += 1;
+    }
 }
 
 fn forgetDeparted(snap: *const sdk.Snapshot) sdk.Error!void {
     if (endpoints.count() == 0) return;
-    var present = try addressSet(snap);
-    var gone: std.ArrayList([]const u8) = .empty;
+    var present: std.StringHashMapUnmanaged(void) = .empty;
+    try present.ensureTotalCapacity(sdk.scratch(), @intCast(snap.endpoints.len));
+    for (snap.endpoints) |*e| present.putAssumeCapacity(e.address, {});
+    var gone: std.AutoHashMapUnmanaged(*EpState, void) = .empty;
     var it = endpoints.iterator();
     while (it.next()) |kv| {
-        if (!present.contains(kv.key_ptr.*)) try gone.append(sdk.scratch(), kv.key_ptr.*);
+        if (!present.contains(kv.key_ptr.*)) try gone.put(sdk.scratch(), kv.value_ptr.*, {});
     }
-    if (gone.items.len == 0) return;
+    if (gone.count() == 0) return;
     // Their request records go too: a late post_response for them is then "unknown".
-    var rit = requests.iterator();
-    var stale: std.ArrayList([]const u8) = .empty;
-    while (rit.next()) |kv| {
-        if (!present.contains(kv.value_ptr.endpoint)) try stale.append(sdk.scratch(), kv.key_ptr.*);
-    }
-    for (stale.items) |id| {
-        const kv = requests.fetchRemove(id).?;
-        freeRec(kv.key, kv.value);
-    }
-    for (gone.items) |address| {
-        const kv = endpoints.fetchRemove(address).?;
-        freeEp(kv.key, kv.value);
+    dropRecords(&gone, struct {
+        fn f(g: *std.AutoHashMapUnmanaged(*EpState, void), rec: *const ReqRec) bool {
+            return g.contains(rec.ep);
+        }
+    }.f, false);
+    var git = gone.keyIterator();
+    while (git.next()) |st| {
+        _ = endpoints.remove(st.*.address);
+        freeEp(st.*);
     }
     by_index_dirty = true;
 }
@@ -237,16 +235,11 @@ fn forgetDeparted(snap: *const sdk.Snapshot) sdk.Error!void {
 fn reconcile(snap: *const sdk.Snapshot) sdk.Error!void {
     const now = snap.timestamp_ms;
     // Lost completion reports: request records past their TTL stop counting.
-    var expired: std.ArrayList([]const u8) = .empty;
-    var rit = requests.iterator();
-    while (rit.next()) |kv| {
-        if (now - kv.value_ptr.at_ms > cfg.request_ttl_ms) try expired.append(sdk.scratch(), kv.key_ptr.*);
-    }
-    for (expired.items) |id| {
-        const kv = requests.fetchRemove(id).?;
-        decrement(kv.value.endpoint, kv.value.adapter);
-        freeRec(kv.key, kv.value);
-    }
+    dropRecords(now, struct {
+        fn f(t: i64, rec: *const ReqRec) bool {
+            return t - rec.at_ms > cfg.request_ttl_ms;
+        }
+    }.f, true);
     // History the endpoint's metrics no longer back, and that no recent pick renewed.
     for (snap.endpoints) |*e| {
         const st = endpoints.get(e.address) orelse continue;
@@ -257,29 +250,28 @@ fn reconcile(snap: *const sdk.Snapshot) sdk.Error!void {
             if (e.isRunning(a) or e.isWaiting(a)) continue;
             if (now - kv.value_ptr.last_pre_ms > cfg.reconcile_interval_ms) try drop.append(sdk.scratch(), a);
         }
-        for (drop.items) |a| dropHistory(e.address, st, a);
+        for (drop.items) |a| dropHistory(st, a);
     }
 }
 
-fn dropHistory(address: []const u8, st: *EpState, adapter: []const u8) void {
-    // Records pointing at the entry would resurrect nothing but must not dangle either.
-    var stale: std.ArrayList([]const u8) = .empty;
-    var rit = requests.iterator();
-    while (rit.next()) |kv| {
-        if (std.mem.eql(u8, kv.value_ptr.endpoint, address) and std.mem.eql(u8, kv.value_ptr.adapter, adapter))
-            stale.append(sdk.scratch(), kv.key_ptr.*) catch break;
-    }
-    for (stale.items) |id| {
-        const kv = requests.fetchRemove(id).?;
-        freeRec(kv.key, kv.value);
-    }
+fn dropHistory(st: *EpState, adapter: []const u8) void {
+    // Records counting in the entry must not dangle: they go with it.
+    const Which = struct { st: *EpState, key: []const u8 };
+    dropRecords(Which{ .st = st, .key = adapter }, struct {
+        fn f(w: Which, rec: *const ReqRec) bool {
+            return rec.ep == w.st and rec.adapter.ptr == w.key.ptr;
+        }
+    }.f, false);
     const kv = st.adapters.fetchRemove(adapter).?;
+    st.inflight -= kv.value.inflight;
     gpa.free(kv.key);
 }
 
 fn rebuildIndex(snap: *const sdk.Snapshot) sdk.Error!void {
     try by_index.resize(gpa, snap.endpoints.len);
-    for (snap.endpoints, by_index.items) |*e, *slot| slot.* = endpoints.get(e.address);
+    // Every endpoint in the pool gets its (small) history up front, so the request path
+    // allocates only for adapters it has not seen there.
+    for (snap.endpoints, by_index.items) |*e, *slot| slot.* = try epState(e.address);
     by_index_version = snap.version;
     by_index_dirty = false;
 }
@@ -349,14 +341,14 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
     if (history and (by_index_dirty or by_index_version != ctx.snapshot.version or by_index.items.len != ctx.snapshot.endpoints.len))
         try rebuildIndex(ctx.snapshot);
     for (out, ctx.candidates) |*o, c| {
-        const st = if (history) by_index.items[c] else null;
+        const st: ?*const EpState = if (history and by_index.items[c].inflight > 0) by_index.items[c] else null;
         o.* = seedScore(&ctx.snapshot.endpoints[c], st, adapter);
     }
 }
 
 // -- state for hot swap -----------------------------------------------------------------
 // [1, last_reconcile_ms?, [[endpoint, [[adapter, inflight, last_pre_ms]…]]…],
-//  [[request_id, endpoint, adapter, at_ms]…]]
+//  [[request_id_hash, endpoint, adapter, at_ms]…]]
 
 const state_format: i64 = 1;
 
@@ -379,14 +371,13 @@ pub fn exportState(w: *sdk.Writer) sdk.Error!void {
             try w.int(a.value_ptr.last_pre_ms);
         }
     }
-    try w.arrayHeader(requests.count());
-    var rit = requests.iterator();
-    while (rit.next()) |kv| {
+    try w.arrayHeader(@intCast(requests.count()));
+    for (requests.keys(), requests.values()) |id, rec| {
         try w.arrayHeader(4);
-        try w.str(kv.key_ptr.*);
-        try w.str(kv.value_ptr.endpoint);
-        try w.str(kv.value_ptr.adapter);
-        try w.int(kv.value_ptr.at_ms);
+        try w.uint(id);
+        try w.str(rec.ep.address);
+        try w.str(rec.adapter);
+        try w.int(rec.at_ms);
     }
 }
 
@@ -408,34 +399,25 @@ pub fn importState(r: *sdk.Reader) sdk.Error!void {
         const n_ad = try r.arrayLen("state endpoint adapters");
         for (0..n_ad) |_| {
             try fixedArray(r, "state adapter entry", 3);
-            const h = try hist(st, try r.str("state adapter name"));
+            const ref = try hist(st, try r.str("state adapter name"));
             const inflight = try r.int("state adapter inflight");
-            h.inflight = std.math.cast(u32, inflight) orelse return sdk.fail("state adapter inflight {d} is out of range", .{inflight});
-            h.last_pre_ms = try r.int("state adapter last_pre_ms");
+            const count = std.math.cast(u32, inflight) orelse return sdk.fail("state adapter inflight {d} is out of range", .{inflight});
+            st.inflight -= ref.hist.inflight; // a repeated entry replaces the earlier one
+            ref.hist.inflight = count;
+            st.inflight += count;
+            ref.hist.last_pre_ms = try r.int("state adapter last_pre_ms");
         }
     }
     const n_req = try r.arrayLen("state requests");
     for (0..n_req) |_| {
         try fixedArray(r, "state request", 4);
-        const id = try r.str("state request id");
-        const rec: ReqRec = .{
-            .endpoint = try gpa.dupe(u8, try r.str("state request endpoint")),
-            .adapter = try gpa.dupe(u8, try r.str("state request adapter")),
-            .at_ms = try r.int("state request at_ms"),
-        };
+        const id = try r.uint64("state request id");
+        const st = try epState(try r.str("state request endpoint"));
+        const ref = try hist(st, try r.str("state request adapter"));
+        const at_ms = try r.int("state request at_ms");
         const gop = try requests.getOrPut(gpa, id);
-        if (gop.found_existing) {
-            gpa.free(rec.endpoint);
-            gpa.free(rec.adapter);
-            return sdk.fail("state request id '{s}' appears twice", .{id});
-        }
-        gop.key_ptr.* = gpa.dupe(u8, id) catch |e| {
-            requests.removeByPtr(gop.key_ptr);
-            gpa.free(rec.endpoint);
-            gpa.free(rec.adapter);
-            return e;
-        };
-        gop.value_ptr.* = rec;
+        if (gop.found_existing) return sdk.fail("state request id {d} appears twice", .{id});
+        gop.value_ptr.* = .{ .ep = st, .adapter = ref.key, .at_ms = at_ms };
     }
     by_index_dirty = true;
 }

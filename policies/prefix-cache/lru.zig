@@ -158,6 +158,12 @@ pub const Lru = struct {
         gpa.free(l.buckets);
     }
 
+    /// Allocate the first, small arrays now (for an endpoint that joined the pool), so
+    /// that recording its first request does not allocate.
+    pub fn reserve(l: *Lru, gpa: Allocator) Allocator.Error!void {
+        if (l.keys.len == 0 and l.cap > 0) try l.grow(gpa);
+    }
+
     /// Insert `key` as the most recently used (moving it there if present).
     pub fn insert(l: *Lru, gpa: Allocator, key: u64) Allocator.Error!void {
         if (l.cap == 0) return;

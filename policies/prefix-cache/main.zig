@@ -126,8 +126,9 @@ fn blockHashes(q: *const sdk.Request) sdk.Error![]u64 {
 // -- hooks ------------------------------------------------------------------------------
 
 pub fn onSnapshot(snap: *const sdk.Snapshot) sdk.Error!void {
-    // Forget endpoints that left; give every present one a state (its LRU allocates on
-    // its first insert) with the capacity its metrics imply.
+    // Forget endpoints that left; give every present one a state with the capacity its
+    // metrics imply. Its LRU starts small (512 hashes) and doubles as it fills: memory
+    // follows use, and a busy pool allocates up front rather than on its first requests.
     var present: std.StringHashMapUnmanaged(void) = .empty;
     try present.ensureTotalCapacity(sdk.scratch(), @intCast(snap.endpoints.len));
     for (snap.endpoints) |*e| present.putAssumeCapacity(e.address, {});
@@ -145,6 +146,7 @@ pub fn onSnapshot(snap: *const sdk.Snapshot) sdk.Error!void {
         const cap = capacityOf(e);
         const st = try epState(e.address, cap);
         if (st.lru.cap != cap) try st.lru.setCap(gpa, cap);
+        try st.lru.reserve(gpa);
         slot.* = st;
     }
     by_index_version = snap.version;

@@ -61,6 +61,9 @@ pub fn scratch() std.mem.Allocator {
     return scratch_arena.allocator();
 }
 
+/// Bytes the scratch arena holds from `init` on.
+const scratch_preheat = 64 * 1024;
+
 var output: std.ArrayList(u8) = .empty;
 
 /// SplitMix64 (Steele, Lea & Flood 2014): the SDK's deterministic random stream, seeded
@@ -182,6 +185,10 @@ fn Exports(comptime P: type) type {
 
         fn doInit(bytes: []const u8) Error!void {
             initialised = false;
+            // Pre-heat the scratch arena: ordinary calls then never reach the allocator
+            // underneath, and memory use settles at init rather than mid-traffic.
+            _ = scratch().alloc(u8, scratch_preheat) catch {};
+            _ = scratch_arena.reset(.retain_capacity);
             _ = params_arena.reset(.free_all);
             have_snapshot = false;
             seen_version = null;
