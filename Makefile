@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install proto policies bench clean envoy test-envoy
+.PHONY: demo test install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,23 @@ test: $(STAMP) $(ENVOY_STAMP)
 test-envoy: $(STAMP) $(ENVOY_STAMP)
 	$(PY) -m pytest -q tests/envoy
 
+## inference-perf: its multi-LoRA and shared-prefix runs through the gateway and Envoy,
+## reports to results/inference-perf/ (scripts/inference_perf/run.py; ~10 min)
+IP_VENV   := .venv-inference-perf
+IP_STAMP  := $(IP_VENV)/.installed
+PYTHON312 ?= $(shell command -v python3.12 || echo $(HOME)/.pyenv/versions/3.12.1/bin/python)
+$(IP_STAMP):
+	$(PYTHON312) -m venv $(IP_VENV)
+	$(IP_VENV)/bin/python -m pip install -q 'inference-perf==0.7.0' 'tokenizers>=0.20'
+	touch $(IP_STAMP)
+
+inference-perf-venv: $(IP_STAMP)
+
+inference-perf: $(STAMP) $(ENVOY_STAMP) $(IP_STAMP)
+	$(PY) scripts/inference_perf/run.py
+
 demo: $(STAMP)
 	$(VENV)/bin/epick demo
 
 clean:
-	rm -rf $(VENV) $(ENVOY_VENV) .pytest_cache
+	rm -rf $(VENV) $(ENVOY_VENV) $(IP_VENV) .pytest_cache
