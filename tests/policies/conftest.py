@@ -7,12 +7,7 @@ from typing import Callable
 
 import pytest
 
-try:  # the real runtime; the private harness only until it lands
-    from epick.runtime import Limits, Runtime
-except ImportError:  # pragma: no cover
-    from _policy_harness import Runtime  # type: ignore[assignment]
-
-    Limits = lambda **kw: None  # type: ignore[assignment]  # noqa: E731
+from epick.runtime import Limits, Runtime
 
 DIST = Path(__file__).resolve().parents[2] / "policies" / "dist"
 

@@ -9,12 +9,7 @@ from typing import Iterable
 
 from epick import abi
 
-try:  # the real runtime; the private harness only until it lands
-    from epick.runtime import PolicyCallError, PolicyLoadError
-except ImportError:  # pragma: no cover
-    from _policy_harness import PolicyCallError
-
-    PolicyLoadError = PolicyCallError  # type: ignore[misc]
+from epick.runtime import PolicyCallError, PolicyLoadError
 
 __all__ = ["PolicyCallError", "PolicyLoadError", "ep", "snap", "score_input", "pre", "post", "memory_bytes"]
 
@@ -48,6 +43,4 @@ def post(endpoint: str, timestamp_ms: int = 0, **fields) -> bytes:
 
 def memory_bytes(inst) -> int:
     """The instance's linear-memory size (the runtime has no public accessor yet)."""
-    if hasattr(inst, "memory_bytes"):
-        return inst.memory_bytes()
     return inst._memory.size
