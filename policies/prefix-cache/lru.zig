@@ -122,8 +122,8 @@ pub const Lru = struct {
         for (kept[kept.len - new_cap ..]) |key| try l.insert(gpa, key);
     }
 
-    fn grow(l: *Lru, gpa: Allocator) Allocator.Error!void {
-        const slots: u32 = @min(l.cap, @max(initial_slots, 2 * @as(u32, @intCast(l.keys.len))));
+    /// Reallocate the arrays to `slots` (> their length, ≤ cap) slots.
+    fn growTo(l: *Lru, gpa: Allocator, slots: u32) Allocator.Error!void {
         const n_buckets = std.math.ceilPowerOfTwoAssert(u32, @max(16, slots / 2));
         const keys = try gpa.alloc(u64, slots);
         errdefer gpa.free(keys);
@@ -161,7 +161,13 @@ pub const Lru = struct {
     /// Allocate the first, small arrays now (for an endpoint that joined the pool), so
     /// that recording its first request does not allocate.
     pub fn reserve(l: *Lru, gpa: Allocator) Allocator.Error!void {
-        if (l.keys.len == 0 and l.cap > 0) try l.grow(gpa);
+        if (l.keys.len == 0 and l.cap > 0) try l.growTo(gpa, @min(l.cap, initial_slots));
+    }
+
+    /// Make room for `n` hashes at once (bulk loads), instead of doubling step by step.
+    pub fn reserveFor(l: *Lru, gpa: Allocator, n: usize) Allocator.Error!void {
+        const want: u32 = @intCast(@min(n, l.cap));
+        if (want > l.keys.len) try l.growTo(gpa, @max(want, @min(l.cap, initial_slots)));
     }
 
     /// Insert `key` as the most recently used (moving it there if present).
@@ -172,11 +178,19 @@ pub const Lru = struct {
             l.pushFront(i);
             return;
         }
+        return l.insertNew(gpa, key);
+    }
+
+    /// Insert a key known to be absent (bulk loads of exported state). Were it present
+    /// after all, the set would hold it twice — wasting a slot, never breaking a link:
+    /// every unlink is by slot.
+    pub fn insertNew(l: *Lru, gpa: Allocator, key: u64) Allocator.Error!void {
+        if (l.cap == 0) return;
         const slot: u16 = blk: {
             if (l.len == l.cap) break :blk l.evict();
             // Invariant: the taken slots are exactly 0..len-1 (an eviction frees a slot
             // that is reused at once; setCap compacts), so the next free slot is `len`.
-            if (l.len == l.keys.len) try l.grow(gpa);
+            if (l.len == l.keys.len) try l.growTo(gpa, @min(l.cap, @max(initial_slots, 2 * l.len)));
             break :blk @intCast(l.len);
         };
         l.keys[slot] = key;

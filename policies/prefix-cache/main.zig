@@ -230,8 +230,10 @@ pub fn importState(r: *sdk.Reader) sdk.Error!void {
         const st = try epState(try r.str("state endpoint address"), capacityOf(null));
         const raw = try r.str("state endpoint hashes");
         if (raw.len % 8 != 0) return sdk.fail("state endpoint hashes are {d} bytes, not a multiple of 8", .{raw.len});
+        try st.lru.reserveFor(gpa, raw.len / 8);
         var i: usize = 0;
-        while (i < raw.len) : (i += 8) try st.lru.insert(gpa, std.mem.readInt(u64, raw[i..][0..8], .little));
+        // export_state wrote each endpoint's distinct hashes: no lookups needed.
+        while (i < raw.len) : (i += 8) try st.lru.insertNew(gpa, std.mem.readInt(u64, raw[i..][0..8], .little));
     }
 }
 

@@ -257,3 +257,15 @@ def test_state_from_another_block_size_is_refused(policy):
     with pytest.raises(PolicyCallError) as info:
         policy("prefix-cache").import_state(old.export_state())
     assert info.value.message == "prefix-cache state was recorded with block_size 4, this instance uses 64"
+
+
+def test_state_round_trips_with_recency_order_intact(policy):
+    old = policy("prefix-cache", block_size=4, lru_capacity=600)
+    resident(old, [ep("e0"), ep("e1")])
+    rng = random.Random(3)
+    for _ in range(200):
+        prompt = "".join(rng.choice("abcd") * 4 for _ in range(rng.randint(1, 6)))
+        old.pre_request(pre(rng.choice(["e0", "e1"]), prompt=f"{rng.randrange(50):04d}{prompt}"))
+    new = policy("prefix-cache", block_size=4, lru_capacity=600)
+    new.import_state(old.export_state())
+    assert exported_hashes(new) == exported_hashes(old)
