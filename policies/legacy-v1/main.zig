@@ -78,7 +78,8 @@ fn leastQueue(ctx: *const sdk.ScoreCtx, in: Set, out: []u32) Set {
         lo = @min(lo, ctx.endpoint(i).waiting);
         hi = @max(hi, ctx.endpoint(i).waiting);
     }
-    const limit = lo + @divTrunc(hi - lo, @as(i64, @intCast(in.len)));
+    // i128: a garbage pool with waiting near the i64 limits must not overflow.
+    const limit: i128 = @as(i128, lo) + @divTrunc(@as(i128, hi) - lo, @as(i128, @intCast(in.len)));
     var n: usize = 0;
     for (in) |i| {
         if (ctx.endpoint(i).waiting <= limit) {

@@ -42,10 +42,11 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
         min_q = @min(min_q, q);
         max_q = @max(max_q, q);
     }
-    const span: f64 = @floatFromInt(max_q - min_q);
+    // In i128: a garbage pool with queues near the i64 limits must not overflow.
+    const span: f64 = @floatFromInt(@as(i128, max_q) - min_q);
     for (out, 0..) |*o, i| {
         const e = ctx.endpoint(i);
-        const queue: f64 = if (max_q == min_q) 1.0 else @as(f64, @floatFromInt(max_q - e.waiting)) / span;
+        const queue: f64 = if (max_q == min_q) 1.0 else @as(f64, @floatFromInt(@as(i128, max_q) - e.waiting)) / span;
         // NaN kv_usage (never sent by the host) would compare false both ways: treat as full.
         const kv_used: f64 = if (e.kv_usage >= 0) @min(e.kv_usage, 1.0) else if (e.kv_usage < 0) 0.0 else 1.0;
         const kv = 1.0 - kv_used;

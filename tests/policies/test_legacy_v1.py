@@ -182,3 +182,10 @@ def test_the_tree_agrees_with_the_reference_on_random_pools(policy):
                        seed=rng.choice([AFFINE_SEED, UNLUCKY_SEED, rng.getrandbits(64)]))
         expected = [e.address for e in reference(pool, request["adapter"], request["criticality"], request["seed"])]
         assert survivors(inst, pool, **request) == expected, (case, pool, request)
+
+
+def test_queues_at_the_int64_limits_do_not_overflow(policy):
+    inst = policy("legacy-v1")
+    pool = [ep("a", waiting=-(2**63)), ep("b", waiting=2**63 - 1)]
+    # least-queue: min + (max - min) // 2 = -1: only a
+    assert survivors(inst, pool, criticality=CRITICAL) == ["a"]

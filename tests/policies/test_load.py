@@ -82,3 +82,9 @@ def test_bad_weights_are_refused_naming_the_param(policy, params, message):
 def test_describe_reports_kind_and_default_weights(policy):
     d = policy("load").describe()
     assert (d.name, d.kind, d.params) == ("load", "load", {"queue_weight": 1.0, "kv_weight": 1.0})
+
+
+def test_queues_at_the_int64_limits_still_score_in_range(policy):
+    inst = policy("load", kv_weight=0)
+    got = scores(inst, [ep("a", waiting=-(2**63)), ep("b", waiting=2**63 - 1)])
+    np.testing.assert_allclose(got, [1.0, 0.0])
