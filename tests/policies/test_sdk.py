@@ -135,3 +135,15 @@ def test_an_unknown_param_names_the_known_ones(policy):
     with pytest.raises(PolicyLoadError) as info:
         policy("example-c", max_runing=3)
     assert info.value.message == "unknown param 'max_runing' (known: max_running)"
+
+
+def test_numbers_in_any_msgpack_width_are_read(policy):
+    import struct
+
+    endpoint_a = b"\x94" + b"\xa1a" + b"\xcd\x01\x2c" + b"\xd0\xff" + b"\xca" + struct.pack(">f", 0.25)
+    endpoint_b = b"\x94" + b"\xa1b" + b"\xce\x00\x00\x00\x64" + b"\x00" + b"\xcb" + struct.pack(">d", 0.75)
+    snapshot = b"\x94\x01\x01\x00\x92" + endpoint_a + endpoint_b
+    candidates = b"\x92\xcc\x00\xd3" + struct.pack(">q", 1)
+    blob = b"\x93" + snapshot + b"\x90" + candidates  # the request: [] (all defaults)
+    # queues 300 and 100 -> 0 and 1; kv 0.25 and 0.75 -> 0.75 and 0.25
+    np.testing.assert_allclose(policy("load").score(blob, 2), [0.375, 0.625])
