@@ -150,7 +150,9 @@ fn hist(st: *EpState, adapter: []const u8) sdk.Error!HistRef {
     return .{ .key = gop.key_ptr.*, .hist = gop.value_ptr };
 }
 
-fn decrementIn(st: *EpState, adapter: []const u8) void {
+/// The one place an in-flight count goes down (never below zero).
+fn decrement(endpoint: []const u8, adapter: []const u8) void {
+    const st = endpoints.get(endpoint) orelse return;
     const h = st.adapters.getPtr(adapter) orelse return;
     if (h.inflight > 0) {
         h.inflight -= 1;
@@ -164,7 +166,7 @@ pub fn preRequest(ev: *const sdk.PreRequest) sdk.Error!void {
     if (adapter.len == 0 or ev.endpoint.len == 0) return;
     const id = ev.request.request_id;
     // The same id picked again (a gateway retry): the earlier pick is void.
-    if (id.len > 0) if (requests.fetchSwapRemove(idHash(id))) |old| decrementIn(old.value.ep, old.value.adapter);
+    if (id.len > 0) if (requests.fetchSwapRemove(idHash(id))) |old| decrement(old.value.ep.address, old.value.adapter);
     const st = try epState(ev.endpoint);
     const ref = try hist(st, adapter);
     ref.hist.inflight += 1;
@@ -176,11 +178,11 @@ pub fn preRequest(ev: *const sdk.PreRequest) sdk.Error!void {
 pub fn postResponse(ev: *const sdk.PostResponse) sdk.Error!void {
     if (ev.request_id.len > 0) {
         // Known id: undo exactly its pre_request, once. Unknown id: nothing to undo.
-        if (requests.fetchSwapRemove(idHash(ev.request_id))) |kv| decrementIn(kv.value.ep, kv.value.adapter);
+        if (requests.fetchSwapRemove(idHash(ev.request_id))) |kv| decrement(kv.value.ep.address, kv.value.adapter);
         return;
     }
     if (ev.adapter.len == 0) return;
-    if (endpoints.get(ev.endpoint)) |st| decrementIn(st, ev.adapter);
+    decrement(ev.endpoint, ev.adapter);
 }
 
 // -- snapshots and reconcile ------------------------------------------------------------
@@ -201,7 +203,7 @@ fn dropRecords(ctx: anytype, comptime drop: fn (@TypeOf(ctx), *const ReqRec) boo
     while (i < requests.count()) {
         const rec = &requests.values()[i];
         if (drop(ctx, rec)) {
-            if (undo) decrementIn(rec.ep, rec.adapter);
+            if (undo) decrement(rec.ep.address, rec.adapter);
             requests.swapRemoveAt(i);
         } else i += 1;
     }
