@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-import uvicorn
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
+from aiohttp import web
 
 from epick.gateway.proxy import Gateway, make_app
 
@@ -30,14 +27,17 @@ def main() -> None:
     args = ap.parse_args()
     names = [args.model, *(a for a in args.adapters.split(",") if a)]
 
-    async def models(_: Request) -> JSONResponse:
-        return JSONResponse({"object": "list",
-                             "data": [{"id": n, "object": "model"} for n in names]})
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list",
+                                  "data": [{"id": n, "object": "model"} for n in names]})
 
-    app = make_app(Gateway(args.epick, args.model))
-    app.router.routes.append(Route("/v1/models", models))
+    async def app() -> web.Application:  # the Gateway needs a running loop
+        app = make_app(Gateway(args.epick, args.model))
+        app.router.add_get("/v1/models", models)
+        return app
+
     host, port = args.listen.rsplit(":", 1)
-    uvicorn.run(app, host=host, port=int(port), log_level="warning")
+    web.run_app(app(), host=host, port=int(port), print=None)
 
 
 if __name__ == "__main__":
