@@ -1,0 +1,77 @@
+"""Envoy -> ext_proc -> epick -> the simulated vLLM fleet (``python -m epick.sim serve``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+SIM_MODEL = "sim-base"
+
+
+@pytest.fixture
+def sim_fleet():
+    """Three simulated replicas (real-time driver) in a child process; their addresses."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epick.sim", "serve", "--replicas", "3", "--adapters", "4",
+         "--max-lora", "2"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL)
+    try:
+        addresses: list[str] = []
+        buf = b""
+        deadline = time.monotonic() + 30
+        while len(addresses) < 3:
+            left = deadline - time.monotonic()
+            assert left > 0 and proc.poll() is None, "the simulated fleet did not start"
+            if select.select([proc.stdout], [], [], left)[0]:
+                buf += os.read(proc.stdout.fileno(), 4096)
+                *lines, buf = buf.split(b"\n")
+                addresses += [ln.split()[1].decode() for ln in lines if ln.startswith(b"READY ")]
+        yield addresses
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_streamed_requests_reach_the_simulated_replica_epick_chose(sim_fleet, epick, envoy):
+    svc = epick(sim_fleet, policies=("load", "prefix-cache", "lora-affinity"),
+                base_model=SIM_MODEL)
+    proxy = envoy(svc.ext_proc_port, sim_fleet)
+    served = []
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        for i in range(8):
+            model = SIM_MODEL if i % 2 else f"adapter-{i % 4}"
+            body = {"model": model, "prompt": "the cat sat on the mat " * 40,
+                    "max_tokens": 6, "stream": True}
+            with client.stream("POST", "/v1/completions", json=body) as resp:
+                assert resp.status_code == 200
+                raw = b"".join(resp.iter_raw())
+            events = [e.removeprefix(b"data: ") for e in raw.split(b"\n\n") if e]
+            assert events[-1] == b"[DONE]"
+            assert len([json.loads(e) for e in events[:-1]]) == 6  # one event per token
+            assert resp.headers["x-epick-replica"] == resp.headers["x-gateway-destination-endpoint"]
+            served.append(resp.headers["x-epick-replica"])
+    assert set(served) <= set(sim_fleet)
+    deadline = time.monotonic() + 5
+    while svc.call(lambda: svc.service.scheduler.pending_decisions) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert svc.call(lambda: svc.service.scheduler.pending_decisions) == 0
+
+
+def test_an_adapter_the_fleet_does_not_serve_is_the_replicas_404(sim_fleet, epick, envoy):
+    svc = epick(sim_fleet, base_model=SIM_MODEL)
+    proxy = envoy(svc.ext_proc_port, sim_fleet)
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        resp = client.post("/v1/completions", json={"model": "nope", "prompt": "hi"})
+    assert resp.status_code == 404
+    assert "The model `nope` does not exist." in resp.text
