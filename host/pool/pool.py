@@ -166,9 +166,12 @@ class Pool:
         return self._snapshot
 
     def ready(self) -> bool:
-        """At least one endpoint's last good scrape is fresh (by ``clock`` now)."""
-        now = self._clock()
-        return any(self._is_fresh(ep, now) for ep in self._endpoints.values())
+        """At least one endpoint is fresh in the published snapshot.
+
+        Judged on the snapshot, not on the clock now, so health never disagrees with
+        what a pick sees (the snapshot lags the clock by at most one interval).
+        """
+        return any(info.fresh for info in self._snapshot.info)
 
     def status(self) -> list[EndpointStatus]:
         """Per endpoint, in spec order: freshness, last success age, last error, failures."""

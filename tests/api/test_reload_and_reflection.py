@@ -17,7 +17,7 @@ from epick import config as cfg
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 from fakes import vllm_page
 
-from conftest import config_text, running
+from epick_service import config_text, running
 
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or "grpcurl"
 
