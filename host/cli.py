@@ -45,8 +45,15 @@ def _serve(args: argparse.Namespace) -> int:
             raise SystemExit(2)
         async with anyio.create_task_group() as tg:
             await tg.start(service.run)
-            print(f"epick: serving Pick on {config.server.listen.rsplit(':', 1)[0]}:"
-                  f"{service.port}", flush=True)
+            host = config.server.listen.rsplit(":", 1)[0]
+            print(f"epick: serving Pick on {host}:{service.port}", flush=True)
+            if service.metrics_port:
+                mhost = config.server.metrics_listen.rsplit(":", 1)[0]
+                print(f"epick: metrics on http://{mhost}:{service.metrics_port}/metrics",
+                      flush=True)
+            if service.admin_port:
+                ahost = config.admin.listen.rsplit(":", 1)[0]
+                print(f"epick: admin on {ahost}:{service.admin_port}", flush=True)
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
                     tg.cancel_scope.cancel()
