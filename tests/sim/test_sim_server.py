@@ -195,3 +195,11 @@ def test_cli_serve_stops_after_duration():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("READY 127.0.0.1:")
+
+
+async def test_a_taken_port_is_reported_with_the_address():
+    async with serve_fleet(1) as first:
+        port = int(first.addresses[0].rsplit(":", 1)[1])
+        with pytest.raises(OSError, match=f"^\\[Errno 98\\] cannot listen on 127.0.0.1:{port}: Address already in use$"):
+            async with serve_fleet(1, base_port=port):
+                pass
