@@ -128,16 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    argv = list(argv or [])
+    if "--grpc" in argv:
+        from epick.bench.grpc import main as grpc_main
+
+        return grpc_main([a for a in argv if a != "--grpc"])
     ap = argparse.ArgumentParser(prog="epick bench pick", description=__doc__)
     ap.add_argument("--grpc", action="store_true",
                     help="measure Pick over gRPC against a no-op RPC instead (epick.bench.grpc)")
     ap.add_argument("--picks", type=int, default=3000, help="timed picks per size and impl")
     ap.add_argument("--sizes", default="8,64,256", help="endpoint counts, comma-separated")
-    args, rest = ap.parse_known_args(argv)
-    if args.grpc:
-        from epick.bench.grpc import main as grpc_main
-
-        return grpc_main(rest)
+    args = ap.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(","))
     results = run(sizes, picks=args.picks)
     table = Table(title="epick bench pick — in process, 3 policies (load, prefix-cache, "
@@ -150,6 +151,6 @@ def main(argv: list[str] | None = None) -> int:
         w, p = by[(n, "wasm")], by[(n, "python")]
         table.add_row(str(n), f"{w.p50:.1f}", f"{w.p99:.1f}", f"{p.p50:.1f}", f"{p.p99:.1f}",
                       f"{w.p50 / p.p50:.2f}", f"{w.p99 / p.p99:.2f}")
-    Console().print(table)
+    Console(width=140).print(table)
     print("goals at 64 endpoints: WASM p50 <= 50 µs, p99 <= 200 µs, WASM÷Python <= 1.0")
     return 0

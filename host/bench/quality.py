@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--scrape-interval-ms", type=float, default=50.0)
     args = ap.parse_args(argv)
-    console = Console()
+    console = Console(width=160)
     results = run(quick=args.quick, workloads=tuple(args.workloads.split(",")),
                   routers=tuple(args.routers.split(",")), seed=args.seed,
                   scrape_interval_ms=args.scrape_interval_ms, progress=console.print)
