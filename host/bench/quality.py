@@ -37,7 +37,7 @@ DEFAULT_WEIGHTS = {"load": 1.0, "prefix-cache": 1.0, "lora-affinity": 1.0}
 
 #: What the JSON output calls each router.
 ROUTERS = ("random", "round-robin", "least-queue", "legacy-v1", "epick", "load",
-           "prefix-cache", "lora-affinity")
+           "prefix-cache", "lora-affinity", "epick-no-prefix")
 
 
 class EpickRouter:
@@ -109,7 +109,7 @@ def wasm_set(runtime, weights: dict[str, float], params: dict[str, dict] | None 
     return PolicySet(tuple(entries))
 
 
-def make_router(name: str, runtime, seed: int):
+def make_router(name: str, runtime, seed: int, weights: dict[str, float] | None = None):
     from epick.sim.routers import LeastQueueRouter, RandomRouter, RoundRobinRouter
 
     if name == "random":
@@ -120,8 +120,12 @@ def make_router(name: str, runtime, seed: int):
         return LeastQueueRouter()
     if name == "legacy-v1":
         return EpickRouter(wasm_set(runtime, {"legacy-v1": 1.0}), seed=seed)
+    weights = weights or DEFAULT_WEIGHTS
     if name == "epick":
-        return EpickRouter(wasm_set(runtime, DEFAULT_WEIGHTS), seed=seed)
+        return EpickRouter(wasm_set(runtime, weights), seed=seed)
+    if name == "epick-no-prefix":  # the zero-hit overhead baseline: epick minus prefix
+        return EpickRouter(wasm_set(runtime, {k: w for k, w in weights.items()
+                                              if k != "prefix-cache"}), seed=seed)
     if name in DEFAULT_WEIGHTS:
         return EpickRouter(wasm_set(runtime, {name: 1.0}), seed=seed)
     raise ValueError(f"unknown router {name!r}; expected one of {', '.join(ROUTERS)}")
@@ -160,7 +164,9 @@ WORKLOADS = ("multi-lora", "shared-prefix", "zero-hit")
 
 
 def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int = 1,
-        scrape_interval_ms: float = 50.0, progress: Callable[[str], None] | None = None) -> dict:
+        scrape_interval_ms: float = 50.0, weights: dict[str, float] | None = None,
+        rates: dict[str, tuple[float, ...]] | None = None,
+        progress: Callable[[str], None] | None = None) -> dict:
     """Run every (workload, rate, router); return the JSON-shaped results."""
     from epick.runtime import Runtime
     from epick.sim.config import DEFAULT_CONFIG
@@ -169,7 +175,7 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
     import msgspec
 
     out: dict = {"workloads": {}, "scrape_interval_ms": scrape_interval_ms, "seed": seed,
-                 "quick": quick}
+                 "quick": quick, "epick_weights": weights or DEFAULT_WEIGHTS}
     specs = _workloads(quick)
     with Runtime() as runtime:
         for wname in workloads:
@@ -180,10 +186,10 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
                 "rate", "throughput_tok_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
                 "e2e_p50_s", "e2e_p90_s", "adapter_loads", "hit_rate", "decision_cpu_us",
                 "shed")} for r in routers}
-            for rate in w.rates:
+            for rate in (rates or {}).get(wname, w.rates):
                 requests = w.make(rate, w.duration_s, seed)
                 for rname in routers:
-                    router = make_router(rname, runtime, seed)
+                    router = make_router(rname, runtime, seed, weights)
                     t0 = time.perf_counter()
                     res = fleet.run(requests, router, scrape_interval_s=scrape_interval_ms / 1000)
                     s = res.summary
@@ -272,11 +278,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--routers", default=",".join(ROUTERS))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--scrape-interval-ms", type=float, default=50.0)
+    ap.add_argument("--weights", help="epick's weights, e.g. load=1,prefix-cache=3,"
+                    "lora-affinity=1 (default: DEFAULT_WEIGHTS)")
+    ap.add_argument("--rates", help="override a workload's rates, e.g. shared-prefix=20:40:60")
     args = ap.parse_args(argv)
+    weights = None
+    if args.weights:
+        weights = {k: float(v) for k, v in (kv.split("=") for kv in args.weights.split(","))}
+    rates = None
+    if args.rates:
+        rates = {k: tuple(float(r) for r in v.split(":"))
+                 for k, v in (kv.split("=") for kv in args.rates.split(","))}
     console = Console(width=160)
     results = run(quick=args.quick, workloads=tuple(args.workloads.split(",")),
                   routers=tuple(args.routers.split(",")), seed=args.seed,
-                  scrape_interval_ms=args.scrape_interval_ms, progress=console.print)
+                  scrape_interval_ms=args.scrape_interval_ms, weights=weights, rates=rates,
+                  progress=console.print)
     for t in _tables(results):
         console.print(t)
     if args.json:
