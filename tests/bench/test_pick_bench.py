@@ -1,0 +1,28 @@
+"""`epick bench pick` runs and measures both implementations on the same requests."""
+
+from epick.bench import pick
+from epick.bench.pypolicies import PyLoad, PyLoraAffinity, PyPrefixCache
+from epick.runtime import Runtime
+from epick.scheduler.scheduler import Scheduler
+
+
+def test_a_small_run_measures_wasm_and_python_per_size():
+    results = pick.run(sizes=(8,), picks=60, rounds=2, warmup=10)
+    assert [(r.endpoints, r.impl) for r in results] == [(8, "wasm"), (8, "python")]
+    assert all(len(r.samples_us) == 60 and 0 < r.p50 <= r.p99 for r in results)
+
+
+def test_python_and_wasm_policies_pick_the_same_endpoints():
+    """The Python twins score like the WASM modules, so the comparison is fair."""
+    pool = pick.synthetic_pool(64)
+    with Runtime() as rt:
+        wasm = Scheduler(lambda: pool, pick.wasm_policies(rt))
+        py = Scheduler(lambda: pool, pick.python_policies())
+        for r in pick.request_stream(200):
+            a, b = wasm.schedule(r, explain=True), py.schedule(r, explain=True)
+            assert a.endpoint == b.endpoint, r.request_id
+            wasm.complete(decision_id=a.decision_id)
+            py.complete(decision_id=b.decision_id)
+    assert isinstance(pick.python_policies().get("load").plugin, PyLoad)
+    assert {type(e.plugin) for e in pick.python_policies().entries} == {
+        PyLoad, PyLoraAffinity, PyPrefixCache}
