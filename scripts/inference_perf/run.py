@@ -262,6 +262,10 @@ def write_summary(rows: list[dict], args) -> None:
         "Routes and workloads: see scripts/inference_perf/run.py. Reports: one folder per "
         "run below this one.",
         "",
+        "The load is open-loop (a constant arrival rate), so output tokens/s match across "
+        "routes by design: routing shows in TTFT and latency. `requests_failed` counts "
+        "inference-perf's failures (HTTP errors, timeouts).",
+        "",
         "| " + " | ".join(cols) + " |",
         "|" + "---|" * len(cols),
     ]
