@@ -7,7 +7,8 @@
 
 ``POST /v1/completions`` and ``/v1/chat/completions`` answer a JSON completion naming the
 replica (``served_by``, and the header ``x-served-by``); with ``"stream": true`` they send
-``chunks`` SSE events ``chunk_delay_s`` apart, then ``data: [DONE]``. ``GET /v1/models``
+``chunks`` SSE events ``chunk_delay_s`` apart (each with ``sent_at``, the Unix time it
+was written), then ``data: [DONE]``. ``GET /v1/models``
 lists one model. Everything else is 404.
 """
 
@@ -91,11 +92,11 @@ class Replica:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.send_header("x-served-by", replica.address)
                 self.end_headers()
-                events = [json.dumps({"choices": [{"index": 0, "text": f"t{i}"}],
-                                      "sent_at": time.time()}) for i in range(replica.chunks)]
-                for i, event in enumerate([*events, "[DONE]"]):
+                for i in range(replica.chunks + 1):
                     if i and replica.chunk_delay_s:
                         time.sleep(replica.chunk_delay_s)
+                    event = "[DONE]" if i == replica.chunks else json.dumps(
+                        {"choices": [{"index": 0, "text": f"t{i}"}], "sent_at": time.time()})
                     data = f"data: {event}\n\n".encode()
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                     self.wfile.flush()
