@@ -45,6 +45,7 @@ log = logging.getLogger("epick.service")
 
 PICKER_SERVICE = picker_pb2.DESCRIPTOR.services_by_name["EndpointPicker"].full_name
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
 class TelemetryRecorder:
@@ -268,7 +269,9 @@ class Service:
         self._serving = serving
         status = (health_pb2.HealthCheckResponse.SERVING if serving
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
-        for name in ("", PICKER_SERVICE):
+        # Envoy (and upstream's picker protocol) health-checks the ext_proc service by name.
+        ext_proc = (EXT_PROC_SERVICE,) if self.config.ext_proc.listen else ()
+        for name in ("", PICKER_SERVICE, *ext_proc):
             await self.health.set(name, status)
         log.info("health: %s", "SERVING" if serving else "NOT_SERVING")
 

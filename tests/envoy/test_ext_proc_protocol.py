@@ -17,6 +17,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fakes import vllm_page
 
@@ -158,3 +159,12 @@ def test_request_headers_reach_policies_but_not_the_adapters_own(epick, pool):
             req.criticality) == ("req-1", "base", "sql-lora", "ab", "s1", 0)
     assert req.headers == {"x-request-id": "req-1", "x-tenant": "acme",
                            "x-criticality": "Critical"}
+
+
+def test_the_ext_proc_port_answers_health_checks_for_the_ext_proc_service(epick, pool):
+    svc = epick(pool)
+    with grpc.insecure_channel(f"127.0.0.1:{svc.ext_proc_port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for name in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING, name
