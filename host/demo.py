@@ -317,6 +317,8 @@ async def _run_live(args, console, gateway: Gateway, gw_url: str, addresses: lis
             "pick_rtt_p99_ms": _pct(rtt, 0.99) * 1e3,
             "picks": {a: gateway.stats.picks[a] for a in addresses},
             "prefix_hit_rate": latest.get("hit"),
+            "decisions": ok_prev if epick_metrics else None,
+            "decision_p99_s": _quantile(hist_prev, {}, 0.99) if hist_prev else None,
         }
 
 
@@ -330,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-lora", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=130)
     try:
         summary = anyio.run(demo, args, console, backend="asyncio")
     except KeyboardInterrupt:
@@ -348,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         ("end-to-end p50", f"{s['e2e_p50_s']:.2f} s"),
         ("Pick round trip p50 / p99 (gateway)",
          f"{s['pick_rtt_p50_ms']:.2f} ms / {s['pick_rtt_p99_ms']:.2f} ms"),
+        ("epick decisions", "-" if s["decisions"] is None else f"{s['decisions']:.0f}"),
+        ("epick decision time p99 (host, bucket bound)", "-" if s["decision_p99_s"] is None
+         else f"≤ {s['decision_p99_s'] * 1e6:.0f} µs"),
         ("prefix cache hit rate", "-" if s["prefix_hit_rate"] is None
          else f"{s['prefix_hit_rate']:.0%}"),
         ("picks per replica", " ".join(str(v) for v in s["picks"].values())),

@@ -14,8 +14,10 @@ metric names, HELP texts and labels (``vllm/v1/metrics/loggers.py``):
   long run's page stays small (a reader that takes the largest value sees no difference).
 * ``vllm:cache_config_info{block_size, num_gpu_blocks, ...}`` — an info gauge set to 1.
 
-Counters and histograms are left out (they cost render and parse time on every scrape and
-no routing signal reads them); the drivers' results carry those numbers instead.
+Of the counters only ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total``
+(prompt tokens looked up / found in the prefix cache) are rendered, for dashboards such as
+``epick demo``'s hit rate; histograms are left out (they cost render and parse time on
+every scrape and no routing signal reads them); the drivers' results carry those numbers.
 
 The page's clock is ``clock_origin + replica time``. The LoRA series carries the time of
 the replica's last engine step (vLLM records its scheduler stats once per step) and is
@@ -31,6 +33,7 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from epick.abi import EndpointMetrics
@@ -52,6 +55,32 @@ class PageState(NamedTuple):
     kv_usage: float
     lora_series: tuple[tuple[str, str, float], ...]
     """(running_lora_adapters, waiting_lora_adapters, Unix time) per series, oldest first."""
+    prefix_queries: int = 0
+    """Prompt tokens looked up in the prefix cache so far (``vllm:prefix_cache_queries``)."""
+    prefix_hits: int = 0
+    """Of those, tokens found cached (``vllm:prefix_cache_hits``)."""
+
+
+class _PrefixCounters:
+    """Renders the page's two prefix-cache counters from the captured state."""
+
+    def __init__(self, page: "MetricsPage", labels: list[str], values: tuple[str, ...]):
+        self._page, self._labels, self._values = page, labels, list(values)
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        queries, hits = self._page._counts
+        for name, doc, value in (
+            ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
+             "queried tokens.", queries),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
+             "tokens.", hits),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=self._labels)
+            fam.add_metric(self._values, value)
+            yield fam
 
 
 class MetricsPage:
@@ -99,6 +128,8 @@ class MetricsPage:
             self._history[("", "")] = clock_origin  # recorded once at startup
         self._rendered: PageState | None = None
         self._text = b""
+        self._counts = (0, 0)  # (prefix queries, prefix hits) of the state being rendered
+        reg.register(_PrefixCounters(self, labels, values))
 
     def record(self) -> None:
         """Record the LoRA series as vLLM does after an engine step: the current
@@ -124,7 +155,8 @@ class MetricsPage:
         r = self._replica
         self.record()
         series = tuple((run, wait, t) for (run, wait), t in self._history.items())
-        return PageState(r.num_running, r.num_waiting, r.kv.usage, series)
+        return PageState(r.num_running, r.num_waiting, r.kv.usage, series,
+                         r.prompt_tokens_queried, r.prompt_tokens_cached)
 
     def render(self, state: PageState | None = None) -> bytes:
         """The page for ``state`` (default: a fresh :meth:`capture`)."""
@@ -132,6 +164,7 @@ class MetricsPage:
             state = self.capture()
         if state == self._rendered:
             return self._text
+        self._counts = (state.prefix_queries, state.prefix_hits)
         self._running.set(state.running)
         self._waiting.set(state.waiting)
         self._kv.set(state.kv_usage)

@@ -26,7 +26,8 @@ def test_page_has_the_vllm_names_types_and_labels():
     s = samples(text)
     assert set(s) == {
         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-        "vllm:lora_requests_info", "vllm:cache_config_info",
+        "vllm:lora_requests_info", "vllm:cache_config_info", "vllm:prefix_cache_queries",
+        "vllm:prefix_cache_hits",
     }
     assert s["vllm:num_requests_waiting"][0].labels == {"engine": "0", "model_name": "sim-base"}
     (info,) = s["vllm:cache_config_info"]
@@ -128,3 +129,19 @@ def test_the_pools_parser_reads_the_simulated_pages_as_the_view_does():
 
     Fleet(3, cfg, seed=5).run(multi_lora(qps=30, duration_s=3, adapters=4, seed=5), Check())
     assert any(m.waiting_adapters for m in checked)
+
+
+def test_prefix_cache_counters_count_prompt_tokens_looked_up_and_found(drain):
+    r = Replica(cfg)
+    page = MetricsPage(r, clock_origin=1_000.0)
+    prompt = "abcd" * 320  # 320 tokens: 20 full 16-token blocks
+    r.submit("a", prompt, 2, now=0.0)
+    drain(r)
+    r.submit("b", prompt, 2, now=r.last_step_at + 1.0)
+    drain(r)
+    s = samples(page.render())
+    (queries,), (hits,) = s["vllm:prefix_cache_queries"], s["vllm:prefix_cache_hits"]
+    assert queries.name == "vllm:prefix_cache_queries_total"
+    assert queries.value == r.prompt_tokens_queried == 640
+    assert 0 < hits.value < queries.value  # the second request found most of the first's
+    assert hits.value == r.prompt_tokens_cached
