@@ -168,3 +168,19 @@ def test_the_ext_proc_port_answers_health_checks_for_the_ext_proc_service(epick,
         for name in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
             resp = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
             assert resp.status == health_pb2.HealthCheckResponse.SERVING, name
+
+
+def test_the_example_epick_config_matches_the_example_envoy_config():
+    import re
+
+    from epick import config as cfg
+    from epick.api.ext_proc_envoy import EXAMPLE
+
+    conf = cfg.load(EXAMPLE.parent / "epick.toml")
+    envoy_yaml = EXAMPLE.read_text()
+    assert conf.ext_proc.listen == "127.0.0.1:9004"
+    assert "port_value: 9004}" in envoy_yaml
+    block = envoy_yaml.split("# BEGIN replicas")[1].split("# END replicas")[0]
+    replicas = [f"{h}:{p}" for h, p in re.findall(r"address: ([\d.]+), port_value: (\d+)", block)]
+    assert [e.address for e in conf.pool.endpoints] == replicas
+    assert (conf.ext_proc.failure_mode == "closed") == ("failure_mode_allow: false" in envoy_yaml)
