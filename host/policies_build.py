@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["POLICIES_DIR", "Policy", "BuildError", "discover", "build", "build_all", "main"]
+__all__ = ["POLICIES_DIR", "ZIG_VERSION", "Policy", "BuildError", "discover", "check_zig", "build", "build_all", "main"]
 
 #: ``policies/`` of this checkout (host/ and policies/ are siblings).
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
@@ -63,15 +63,20 @@ ZIG_HOOK_EXPORTS = {
 #: Linear-memory stack for every policy: the SDK keeps data on the heap, not the stack.
 STACK_BYTES = 64 * 1024
 
+#: The Zig the committed modules were built with (pyproject's `ziglang` pin): another
+#: version compiles the same sources to different bytes.
+ZIG_VERSION = "0.17.1"
+
 _HOOK = re.compile(r"^pub fn (\w+)\(", re.MULTILINE)
 _NOT_RESIDENT = re.compile(r"^pub const resident_snapshot\s*=\s*false\s*;", re.MULTILINE)
 
 
 class BuildError(Exception):
-    """A policy failed to build; ``policy`` names it, the message carries the compiler's."""
+    """A build failed: ``policy`` names the policy (``None``: the toolchain), the message
+    carries the compiler's."""
 
-    def __init__(self, policy: str, message: str) -> None:
-        super().__init__(f"policy {policy!r}: {message}")
+    def __init__(self, policy: str | None, message: str) -> None:
+        super().__init__(f"policy {policy!r}: {message}" if policy else message)
         self.policy = policy
 
 
@@ -151,8 +156,17 @@ def build(policy: Policy, out_dir: Path, cache: Path | None = None) -> Path:
     return out
 
 
+def check_zig() -> None:
+    """Refuse to build with a Zig other than :data:`ZIG_VERSION` (outputs would differ)."""
+    proc = subprocess.run([*_zig(), "version"], capture_output=True, text=True)
+    found = proc.stdout.strip() or proc.stderr.strip()
+    if proc.returncode != 0 or found != ZIG_VERSION:
+        raise BuildError(None, f"the policies build with Zig {ZIG_VERSION} (pip install ziglang=={ZIG_VERSION}), found {found!r}")
+
+
 def build_all(out_dir: Path, names: list[str] | None = None, cache: Path | None = None) -> list[Path]:
     """Build every policy (or the named ones) into ``out_dir``, two at a time."""
+    check_zig()
     policies = discover()
     if names:
         known = {p.name for p in policies}

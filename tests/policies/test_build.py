@@ -76,3 +76,10 @@ def test_an_unknown_policy_name_is_refused(tmp_path):
         f"policy 'nope': no such policy under {policies_build.POLICIES_DIR} "
         "(known: example-c, legacy-v1, load, lora-affinity, prefix-cache)"
     )
+
+
+def test_another_zig_version_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(policies_build, "ZIG_VERSION", "0.0.1")
+    with pytest.raises(policies_build.BuildError) as info:
+        policies_build.build_all(tmp_path)
+    assert str(info.value) == "the policies build with Zig 0.0.1 (pip install ziglang==0.0.1), found '0.17.1'"
