@@ -43,7 +43,7 @@ test-envoy: $(STAMP) $(ENVOY_STAMP)
 ## reports to results/inference-perf/ (scripts/inference_perf/run.py; ~10 min)
 IP_VENV   := .venv-inference-perf
 IP_STAMP  := $(IP_VENV)/.installed
-PYTHON312 ?= $(shell command -v python3.12 || echo $(HOME)/.pyenv/versions/3.12.1/bin/python)
+PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3) $(shell command -v python3.12) python3.12)
 $(IP_STAMP):
 	$(PYTHON312) -m venv $(IP_VENV)
 	$(IP_VENV)/bin/python -m pip install -q 'inference-perf==0.7.0' 'tokenizers>=0.20'
