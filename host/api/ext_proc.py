@@ -73,6 +73,8 @@ SERVED_KEY = "x-gateway-destination-endpoint-served"
 DECISION_HEADER = "x-epick-decision-id"
 
 SERVICE_NAME = ep.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
+#: Largest ProcessingRequest accepted (a buffered body and its headers).
+MAX_MESSAGE_BYTES = 16 << 20
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _BUFFERED = (processing_mode_pb2.ProcessingMode.BUFFERED,
@@ -262,7 +264,10 @@ def build_server(scheduler: Scheduler, config: ExtProcConfig, *, health=None,
                  telemetry=None) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server (not started) serving ext_proc (and ``health``, if given) on
     ``config.listen``; returns it and the bound port. Raises OSError if it cannot bind."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    # A ProcessingRequest carries the whole body: allow Envoy's buffer (4 MiB in the
+    # example) plus headers, above gRPC's 4 MiB default.
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+                                      ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     ep_grpc.add_ExternalProcessorServicer_to_server(
         ExtProcService(scheduler, config, telemetry), server)
     if health is not None:

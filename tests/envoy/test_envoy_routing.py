@@ -196,3 +196,13 @@ def test_the_committed_example_is_a_valid_envoy_config():
                              "--disable-hot-restart"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"configuration '{EXAMPLE}' OK" in result.stdout + result.stderr
+
+
+def test_a_body_as_large_as_envoys_buffer_is_routed_and_a_larger_one_is_413(stack):
+    client, _svc, _busy, idle = stack
+    big = completion(prompt="x" * (3_900_000))  # just under the example's 4 MiB buffer
+    resp = client.post("/v1/completions", json=big)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-served-by"] in {r.address for r in idle}
+    too_big = client.post("/v1/completions", json=completion(prompt="x" * 4_300_000))
+    assert too_big.status_code == 413
