@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from conftest import score_input, snapshot, wasm
+from wat_modules import score_input, snapshot, wasm
 from epick import abi
 from epick.runtime import (
     PolicyCallError,

@@ -6,7 +6,7 @@ import msgspec
 import pytest
 import wasmtime
 
-from conftest import wasm, wat_source
+from wat_modules import wasm, wat_source
 from epick.runtime import Limits, PolicyLoadError, Runtime
 
 SCORE = '(func (export "score") (param i32 i32 i32) (result i32) (i32.const 0))'

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from conftest import snapshot, wasm
+from wat_modules import snapshot, wasm
 from epick import abi
 from epick.runtime import Limits, PolicyError, Runtime, WasmPolicy
 from epick.scheduler.framework import (

@@ -8,7 +8,7 @@ import time
 import pytest
 import wasmtime
 
-from conftest import score_input, wasm, wat_source
+from wat_modules import score_input, wasm, wat_source
 from epick.runtime import (
     Limits,
     PolicyCallError,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import wasmtime
 
-from conftest import wasm, wat_source
+from wat_modules import wasm, wat_source
 from epick.runtime import Limits, PolicyLoadError, Runtime, validate
 from epick.runtime.validate import synthetic_snapshot
 
