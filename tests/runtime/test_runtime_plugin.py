@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -346,3 +347,23 @@ def test_a_closed_policy_refuses_calls(policy):
     with pytest.raises(RuntimeError) as err:
         plugin.score(cycle(1), (0,))
     assert str(err.value) == "policy 'counter': WasmPolicy is closed"
+
+
+def test_slow_checkpoints_are_spaced_out_to_a_small_share_of_the_time(load, fake_clock):
+    """A checkpoint blocks a request: the gap grows with what the last one cost."""
+    from epick.runtime.plugin import CHECKPOINT_SHARE
+
+    plugin = WasmPolicy(load("counter"), {}, clock=fake_clock)
+    plugin._checkpoint_gap_s = 1.0
+    plugin._dirty = True
+    real_export = plugin._inst.export_state
+
+    def slow_export():  # the cost is measured with perf_counter, so really take 10 ms
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.01:
+            pass
+        return real_export()
+
+    plugin._inst.export_state = slow_export
+    plugin._maybe_checkpoint()
+    assert plugin._checkpoint_gap_s >= 0.01 / CHECKPOINT_SHARE  # >= 5 s for a 10 ms export
