@@ -250,14 +250,22 @@ def headline(report_dir: Path) -> dict:
     }
 
 
-def write_summary(rows: list[dict], args) -> None:
-    (OUT / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+def write_summary(new: list[dict], args) -> None:
+    """Merge ``new`` into summary.json/.md: a partial run (--only/--route) replaces its own
+    rows and keeps the others."""
+    path = OUT / "summary.json"
+    old = json.loads(path.read_text()) if path.exists() else []
+    ran = {(r["workload"], r["route"]) for r in new}
+    rows = [r for r in old if (r["workload"], r["route"]) not in ran] + new
+    order = {w: i for i, w in enumerate(["multi-lora", "shared-prefix"])}
+    rows.sort(key=lambda r: (order.get(r["workload"], 9), ROUTES.index(r["route"])))
+    path.write_text(json.dumps(rows, indent=2) + "\n")
     cols = ["workload", "route", "requests_ok", "requests_failed", "ttft_p50_s", "ttft_p90_s",
             "ttft_p99_s", "latency_p50_s", "output_tokens_per_s"]
     lines = [
         "# inference-perf against the simulated fleet",
         "",
-        f"`{' '.join(sys.argv)}` — {REPLICAS} replicas, {ADAPTERS} adapters, max_lora "
+        f"`{' '.join(sys.argv)}` (last run) — {REPLICAS} replicas, {ADAPTERS} adapters, max_lora "
         f"{MAX_LORA}, {args.rate} QPS for {args.duration} s per run, streaming completions. "
         "Routes and workloads: see scripts/inference_perf/run.py. Reports: one folder per "
         "run below this one.",
