@@ -49,6 +49,8 @@ def _check_name(field: str, value: str, *, required: bool = False) -> None:
         raise InvalidArgument(f"{field} {value!r} contains a comma, which no model server allows")
     if value != value.strip():
         raise InvalidArgument(f"{field} {value!r} has leading or trailing whitespace")
+    if not value.isprintable():
+        raise InvalidArgument(f"{field} {value!r} contains control characters")
 
 
 def to_request(msg: picker_pb2.PickRequest) -> abi.Request:
@@ -65,6 +67,9 @@ def to_request(msg: picker_pb2.PickRequest) -> abi.Request:
             f"PickRequest.cache_salt is {len(msg.cache_salt)} characters long; "
             f"the limit is {MAX_NAME}"
         )
+    if "\0" in msg.cache_salt:
+        # The prefix hash frames the salt with NUL bytes (policies/ABI.md).
+        raise InvalidArgument("PickRequest.cache_salt contains a NUL character")
     prompt_bytes = len(msg.prompt.encode())
     if prompt_bytes > MAX_PROMPT_BYTES:
         raise InvalidArgument(

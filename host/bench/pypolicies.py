@@ -111,8 +111,9 @@ class PyPrefixCache:
         for b in range(n):
             block = data[b * bs:(b + 1) * bs]
             if prev is None:
-                h = xxhash.xxh64_intdigest(request.model.encode() + request.cache_salt.encode()
-                                           + block)
+                salt = request.cache_salt.encode()
+                salted = b"\0" + salt + b"\0" if salt else b""
+                h = xxhash.xxh64_intdigest(request.model.encode() + salted + block)
             else:
                 h = xxhash.xxh64_intdigest(block + struct.pack("<Q", prev))
             out.append(h)

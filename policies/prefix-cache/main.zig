@@ -3,10 +3,11 @@
 //!
 //! The prompt's UTF-8 bytes are cut into `block_size`-byte blocks (a trailing partial
 //! block is ignored; at most `max_blocks` blocks). With xxh64, seed 0:
-//!   h0 = xxh64(model ‖ cache_salt ‖ block0)       — cache_salt is empty when unset, so
-//!                                                   unsalted requests hash model ‖ block0
+//!   h0 = xxh64(model ‖ block0)                        without a cache salt
+//!   h0 = xxh64(model ‖ 0x00 ‖ cache_salt ‖ 0x00 ‖ block0)   with one
 //!   hi = xxh64(block_i ‖ little-endian u64 of h(i−1))
-//! The salt sits between the model name and the first block's bytes, with no separator.
+//! The NUL bytes keep ("ab", salt "c") and ("a", salt "bc") apart; model names cannot
+//! contain NUL (the host refuses control characters in them).
 //! Score on an endpoint = (leading hashes h0..h(k−1) all present there) / (blocks); 0
 //! everywhere when the prompt has no whole block. Scoring never touches the LRUs.
 //! `pre_request` inserts h0..h(n−1), in that order, into the picked endpoint's LRU (so
@@ -109,7 +110,11 @@ fn blockHashes(q: *const sdk.Request) sdk.Error![]u64 {
         var x = std.hash.XxHash64.init(0);
         if (i == 0) {
             x.update(q.model);
-            x.update(q.cache_salt);
+            if (q.cache_salt.len > 0) {
+                x.update(&[_]u8{0});
+                x.update(q.cache_salt);
+                x.update(&[_]u8{0});
+            }
             x.update(block);
         } else {
             var le: [8]u8 = undefined;

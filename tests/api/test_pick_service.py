@@ -108,9 +108,11 @@ def test_no_fresh_endpoint_is_unavailable_and_health_goes_not_serving(fake_vllm,
         ({"prompt": "p" * (4 << 20 + 1)}, "PickRequest.prompt is"),
         ({"headers": {f"h{i}": "v" for i in range(200)}},
          "PickRequest.headers has 200 entries; the limit is 128"),
+        ({"model": "m\x00x"}, "PickRequest.model 'm\\x00x' contains control characters"),
+        ({"cache_salt": "a\x00b"}, "PickRequest.cache_salt contains a NUL character"),
     ],
     ids=["no-model", "comma", "long-adapter", "whitespace", "criticality", "long-id",
-         "long-salt", "huge-prompt", "many-headers"],
+         "long-salt", "huge-prompt", "many-headers", "control-char", "nul-salt"],
 )
 def test_malformed_requests_are_invalid_argument_naming_the_field(fake_vllm, serve, fields,
                                                                  message):

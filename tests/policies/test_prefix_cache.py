@@ -31,7 +31,8 @@ def block_hashes(prompt: str, model: str = "m", salt: str = "", block_size: int 
     for i in range(min(len(data) // block_size, max_blocks)):
         block = data[i * block_size:(i + 1) * block_size]
         if i == 0:
-            out.append(xxhash.xxh64_intdigest(model.encode() + salt.encode() + block, seed=0))
+            salted = b"\0" + salt.encode() + b"\0" if salt else b""
+            out.append(xxhash.xxh64_intdigest(model.encode() + salted + block, seed=0))
         else:
             out.append(xxhash.xxh64_intdigest(block + struct.pack("<Q", out[-1]), seed=0))
     return out
@@ -110,6 +111,17 @@ def test_the_salt_separates_tenants(policy):
     assert scores(inst, 1, "aaaabbbb", cache_salt="t1")[0] == 1.0
     assert scores(inst, 1, "aaaabbbb", cache_salt="t2")[0] == 0.0
     assert scores(inst, 1, "aaaabbbb")[0] == 0.0
+
+
+def test_model_and_salt_boundaries_cannot_be_shifted(policy):
+    """("m", salt "x") must not share a cache with model "mx" or ("", salt "mx")."""
+    inst = policy("prefix-cache", block_size=4)
+    resident(inst, [ep("e0")])
+    inst.pre_request(pre("e0", model="m", prompt="aaaabbbb", cache_salt="x"))
+    assert scores(inst, 1, "aaaabbbb", model="m", cache_salt="x")[0] == 1.0
+    assert scores(inst, 1, "aaaabbbb", model="mx")[0] == 0.0
+    assert scores(inst, 1, "aaaabbbb", model="mx", cache_salt="")[0] == 0.0
+    assert scores(inst, 1, "aaaabbbb", model="", cache_salt="mx")[0] == 0.0
 
 
 def test_the_model_is_part_of_the_first_hash(policy):
