@@ -120,6 +120,9 @@ class WasmPolicy:
         self._clock = clock
         self._now_ms = now_ms
         self._checkpoint_interval_s = checkpoint_interval_s
+        #: score() already returns finite values clamped to [0, 1]: the scheduler
+        #: need not clamp again.
+        self.clamps_scores = True
         self._checkpoint_gap_s = checkpoint_interval_s
         self._last_checkpoint = float("-inf")
         self._dirty = False

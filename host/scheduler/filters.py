@@ -20,7 +20,10 @@ class FreshFilter:
     name = "fresh"
 
     def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
-        info = cycle.pool.info
+        pool = cycle.pool
+        if len(candidates) == len(pool.info):  # every endpoint: the precomputed answer
+            return pool.fresh
+        info = pool.info
         return tuple(i for i in candidates if info[i].fresh)
 
 
@@ -30,6 +33,8 @@ class ServesModelFilter:
     name = "serves-model"
 
     def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        if not cycle.pool.restricted:
+            return candidates
         info = cycle.pool.info
         model, adapter = cycle.request.model, cycle.request.adapter
         kept = []

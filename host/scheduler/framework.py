@@ -64,6 +64,10 @@ class PoolSnapshot:
     snapshot: abi.Snapshot
     encoded: bytes
     info: tuple[EndpointInfo, ...]
+    fresh: tuple[int, ...] = ()
+    """Indices of the fresh endpoints (precomputed: the host filters' fast path)."""
+    restricted: bool = False
+    """Some endpoint serves only listed models or adapters."""
 
     @property
     def version(self) -> int:
@@ -79,7 +83,13 @@ class PoolSnapshot:
                 f"PoolSnapshot.build: {len(info)} EndpointInfo for "
                 f"{len(snapshot.endpoints)} endpoints"
             )
-        return cls(snapshot=snapshot, encoded=abi.encoder.encode(snapshot), info=info)
+        return cls(
+            snapshot=snapshot,
+            encoded=abi.encoder.encode(snapshot),
+            info=info,
+            fresh=tuple(i for i, e in enumerate(info) if e.fresh),
+            restricted=any(e.models is not None or e.adapters is not None for e in info),
+        )
 
 
 @dataclass(slots=True)

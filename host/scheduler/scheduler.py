@@ -214,7 +214,8 @@ class Scheduler:
                 self._policy_failed(exc, skipped)
                 continue
             self.recorder.policy_latency(entry.name, time.perf_counter() - t0)
-            scores = np.clip(scores, 0.0, 1.0)
+            if not getattr(entry.plugin, "clamps_scores", False):
+                scores = np.clip(scores, 0.0, 1.0)
             totals += entry.weight * scores
             if explain:
                 per_policy[entry.name] = scores
