@@ -283,12 +283,15 @@ def write_summary(new: list[dict], args) -> None:
 
 
 def main() -> None:
+    global OUT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=["multi-lora", "shared-prefix"], action="append")
     ap.add_argument("--route", choices=ROUTES, action="append")
     ap.add_argument("--rate", type=float, default=6.0, help="requests per second")
     ap.add_argument("--duration", type=int, default=40, help="seconds per run")
+    ap.add_argument("--out", type=Path, help="reports folder (default: results/inference-perf)")
     args = ap.parse_args()
+    OUT = args.out or OUT
     if not (IP_VENV / "bin" / "inference-perf").exists():
         raise SystemExit("no inference-perf venv: run `make inference-perf-venv` first")
 
