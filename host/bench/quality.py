@@ -148,14 +148,14 @@ def _workloads(quick: bool) -> dict[str, Workload]:
     dur = 20.0 if quick else 60.0
     return {
         "multi-lora": Workload(
-            "multi-lora", 10, (10.0, 40.0) if quick else (5.0, 10.0, 20.0, 40.0, 60.0), dur,
+            "multi-lora", 10, (10.0, 40.0) if quick else (10.0, 20.0, 40.0, 60.0, 80.0), dur,
             lambda rate, d, seed: wl.multi_lora(qps=rate, duration_s=d, seed=seed,
                                                 adapters=15, split=(0.6, 0.3, 0.1))),
         "shared-prefix": Workload(
-            "shared-prefix", 8, (10.0, 30.0) if quick else (5.0, 10.0, 20.0, 30.0, 40.0), dur,
+            "shared-prefix", 8, (30.0, 60.0) if quick else (10.0, 30.0, 50.0, 70.0, 90.0), dur,
             lambda rate, d, seed: wl.shared_prefix(qps=rate, duration_s=d, seed=seed)),
         "zero-hit": Workload(
-            "zero-hit", 8, (10.0, 30.0) if quick else (5.0, 10.0, 20.0, 30.0, 40.0), dur,
+            "zero-hit", 8, (10.0, 40.0) if quick else (10.0, 20.0, 40.0, 60.0), dur,
             lambda rate, d, seed: wl.zero_hit(qps=rate, duration_s=d, seed=seed)),
     }
 
