@@ -91,6 +91,7 @@ class CandidateScore:
     scores: dict[str, float] = field(default_factory=dict)
     filtered_by: str = ""
     rank: int = -1
+    shadow_scores: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -226,8 +227,9 @@ class Scheduler:
 
         # Shadows score before the hooks record this pick, so they judge the same state
         # the live policies did.
+        shadow_scores: dict[str, np.ndarray] = {}
         if policies.shadows:
-            self._run_shadows(policies, cycle, candidates, order[0])
+            shadow_scores = self._run_shadows(policies, cycle, candidates, order[0])
 
         for entry in policies.pre_request:
             try:
@@ -244,7 +246,7 @@ class Scheduler:
         )
         if explain:
             decision.explanation = self._explain(
-                endpoints, candidates, totals, per_policy, order, why or {}
+                endpoints, candidates, totals, per_policy, order, why or {}, shadow_scores
             )
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
@@ -268,7 +270,8 @@ class Scheduler:
         self.recorder.policy_error(exc)
         log.warning("%s", exc)
 
-    def _run_shadows(self, policies, cycle, candidates, live_pos) -> None:
+    def _run_shadows(self, policies, cycle, candidates, live_pos) -> dict[str, np.ndarray]:
+        out = {}
         for entry in policies.shadows:
             try:
                 scores = np.clip(entry.plugin.score(cycle, candidates), 0.0, 1.0)
@@ -278,6 +281,8 @@ class Scheduler:
             best = int(np.argmax(scores))
             agree = bool(scores[live_pos] >= scores[best])
             self.recorder.shadow(entry.name, agree, float(scores[best] - scores[live_pos]))
+            out[entry.name] = scores
+        return out
 
     @staticmethod
     def _unavailable_reason(pool: PoolSnapshot, request: abi.Request) -> str:
@@ -291,7 +296,8 @@ class Scheduler:
         return f"no fresh endpoint serves {what}"
 
     @staticmethod
-    def _explain(endpoints, candidates, totals, per_policy, order, why) -> list[CandidateScore]:
+    def _explain(endpoints, candidates, totals, per_policy, order, why,
+                 shadow_scores) -> list[CandidateScore]:
         pos_of = {c: p for p, c in enumerate(candidates)}
         rank_of = {o: r for r, o in enumerate(order)}
         out = []
@@ -301,6 +307,7 @@ class Scheduler:
             if p is not None:
                 row.total = float(totals[p])
                 row.scores = {name: float(s[p]) for name, s in per_policy.items()}
+                row.shadow_scores = {name: float(s[p]) for name, s in shadow_scores.items()}
                 row.rank = rank_of.get(p, -1)
             out.append(row)
         return out

@@ -208,9 +208,12 @@ def test_shadow_policy_scores_without_changing_the_pick():
              ep(2, waiting=9, max_lora=1, running_adapters=("a",)))
     s = sched(p, PolicyEntry("load", PyLoad()),
               PolicyEntry("lora", PyLoraAffinity(), shadow=True), recorder=rec)
-    d = s.schedule(req(adapter="a"))
+    d = s.schedule(req(adapter="a"), explain=True)
     assert d.endpoint == "10.0.0.1:8000"
     assert rec.shadows == [("lora", False, 1.0)]
+    rows = {c.endpoint: c for c in d.explanation}
+    assert rows["10.0.0.2:8000"].shadow_scores == {"lora": 1.0}
+    assert "lora" not in rows["10.0.0.2:8000"].scores
 
 
 def test_policy_set_refuses_duplicate_names():
