@@ -16,39 +16,17 @@ Numbers, not goals: nothing here fails on a slow machine.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from pathlib import Path
 
 from epick import abi
-from epick.runtime import Limits, PolicyTimeout, Runtime
+from timing import SPURIOUS, per_call_us
+from epick.runtime import Limits, Runtime
 
 DIST = Path(__file__).resolve().parent.parent / "policies" / "dist"
 PROMPT = "".join(f"{i:04d} lorem ipsum dolor sit amet, consectetur adipiscing elit.. " for i in range(64))
 
 
-SPURIOUS = {"timeouts": 0}
-
-
-def per_call_us(fn, rounds: int, calls: int) -> tuple[float, float, float]:
-    def call() -> None:
-        # On a shared 2-core machine a preempted call can overrun the wall-clock budget;
-        # count those instead of dying (WasmPolicy retries them itself).
-        try:
-            fn()
-        except PolicyTimeout:
-            SPURIOUS["timeouts"] += 1
-
-    for _ in range(min(calls, 200)):  # warm up
-        call()
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            call()
-        samples.append((time.perf_counter_ns() - t0) / calls / 1000)
-    samples.sort()
-    return statistics.median(samples), samples[len(samples) // 10], samples[-1 - len(samples) // 10]
 
 
 def snapshot(n: int, version: int = 1) -> abi.Snapshot:

@@ -26,6 +26,7 @@ from pathlib import Path
 import wasmtime
 
 from epick import abi
+from timing import SPURIOUS, per_call_us
 from epick.runtime import Limits, PolicyTimeout, Runtime, WasmPolicy
 from epick.scheduler.framework import Cycle, PoolSnapshot
 
@@ -53,29 +54,6 @@ SPIN = TRIVIAL.replace(
 DIST = Path(__file__).resolve().parent.parent / "policies" / "dist"
 
 
-SPURIOUS = {"timeouts": 0}
-
-
-def per_call_us(fn, rounds: int, calls: int) -> tuple[float, float, float]:
-    def call() -> None:
-        # On a shared machine a preempted thread can overrun the 1 ms wall-clock budget;
-        # count those instead of dying (WasmPolicy retries them itself).
-        try:
-            fn()
-        except PolicyTimeout:
-            SPURIOUS["timeouts"] += 1
-
-    for _ in range(min(calls, 500)):  # warm up
-        call()
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            call()
-        samples.append((time.perf_counter_ns() - t0) / calls / 1000)
-    samples.sort()
-    q = statistics.quantiles(samples, n=10) if len(samples) >= 2 else samples * 9
-    return statistics.median(samples), q[0], q[-1]
 
 
 def snapshot(n: int) -> abi.Snapshot:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epick_service import make_config, running
+from epick_service import Running, make_config, running
 
 
 @pytest.fixture

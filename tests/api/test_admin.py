@@ -3,7 +3,6 @@ and hot swap under load."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import urllib.request
@@ -12,7 +11,6 @@ import grpc
 import msgspec
 import pytest
 
-from epick import config as cfg
 from epick.api.gen.epick.v1 import admin_pb2 as apb
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 from epick.api.gen.epick.v1 import picker_pb2_grpc

@@ -9,7 +9,6 @@ import random
 import numpy as np
 import pytest
 
-from epick import abi
 from policy_payloads import PolicyLoadError, ep, score_input, snap
 
 M64 = 2**64 - 1
