@@ -136,7 +136,8 @@ class PolicyManager:
         name = info.name
         _check_weight(name, weight)
         try:
-            plugin = WasmPolicy(info.module, info.params, name=name)
+            plugin = WasmPolicy(info.module, info.params, name=name,
+                                    checkpoint_on_hooks=False)
         except PolicyError as exc:
             raise PolicyRejected(name, str(exc)) from exc
         current = self.scheduler.policies
@@ -224,7 +225,8 @@ class PolicyManager:
                 continue
             info = self.vet(name, wasm, params, source=source, gate=False)
             try:
-                plugin = WasmPolicy(info.module, info.params, name=name)
+                plugin = WasmPolicy(info.module, info.params, name=name,
+                                    checkpoint_on_hooks=False)
             except PolicyError as exc:
                 raise PolicyRejected(name, str(exc)) from exc
             if name in current:
@@ -236,6 +238,14 @@ class PolicyManager:
     def get(self, name: str) -> tuple[PolicyEntry, ActivePolicy]:
         entry = self.scheduler.policies.get(name)
         return entry, self.active[name]
+
+    def checkpoint_all(self) -> None:
+        """Capture each policy's last good state if due (the service calls this once a
+        second, off the request path: plugins are made with checkpoint_on_hooks=False)."""
+        for entry in self.scheduler.policies.entries:
+            checkpoint = getattr(entry.plugin, "checkpoint", None)
+            if checkpoint is not None:
+                checkpoint()
 
     def names(self) -> list[str]:
         return [e.name for e in self.scheduler.policies.entries]

@@ -4,6 +4,7 @@
       ├─ Pool.run                 scrape loops (started: after the first scrape round)
       ├─ grpc.aio servers         Pick API + health + reflection; Admin on its own port
       ├─ _health_loop             SERVING once an endpoint is fresh and policies are loaded
+      ├─ _checkpoint_loop         policies' last good state, once a second, between picks
       ├─ _watch_config            file changes and SIGHUP -> reload (a bad file is refused)
       └─ _watch_policy_dir        NAME.wasm created/changed -> validated hot swap
 
@@ -234,6 +235,7 @@ class Service:
                 if ext_proc is not None:
                     await ext_proc.start()
                 tg.start_soon(self._health_loop)
+                tg.start_soon(self._checkpoint_loop)
                 if self.config_path is not None:
                     tg.start_soon(self._watch_config)
                     # Signal handlers can only be installed from the main thread (tests
@@ -282,6 +284,12 @@ class Service:
         while True:
             await anyio.sleep(0.1)
             await self._update_health()
+
+    async def _checkpoint_loop(self) -> None:
+        """Policies' state checkpoints (for recovery after a trap), off the request path."""
+        while True:
+            await anyio.sleep(1.0)
+            self.manager.checkpoint_all()
 
     async def _watch_config(self) -> None:
         import watchfiles

@@ -18,7 +18,9 @@ calls:
   once per ``checkpoint_interval_s`` (default 1 s, on ``clock``) and only if a hook
   changed something since the last capture. Checkpoints run on the request path, so
   the gap also stretches to keep them under :data:`CHECKPOINT_SHARE` of the time (a
-  full prefix cache exports 15 MiB in ~20 ms: then one every ~10 s). So a crash loses at most about one
+  full prefix cache exports 15 MiB in ~20 ms: then one every ~10 s). With
+  ``checkpoint_on_hooks=False`` the owner calls :meth:`WasmPolicy.checkpoint` itself
+  (the service does, from a background task, so no request waits for an export). So a crash loses at most about one
   interval of history (LoRA in-flight counts, prefix hashes) — which the policies'
   periodic reconcile repairs anyway.
 - **Timeouts are retried once.** The budget is wall-clock time, so a thread preempted
@@ -102,6 +104,7 @@ class WasmPolicy:
         clock: Callable[[], float] = time.monotonic,
         now_ms: Callable[[], int] = _wall_ms,
         checkpoint_interval_s: float = 1.0,
+        checkpoint_on_hooks: bool = True,
         stats_window: int = 1024,
     ) -> None:
         self.module = mod
@@ -124,6 +127,7 @@ class WasmPolicy:
         #: need not clamp again.
         self.clamps_scores = True
         self._checkpoint_gap_s = checkpoint_interval_s
+        self._checkpoint_on_hooks = checkpoint_on_hooks
         self._last_checkpoint = float("-inf")
         self._dirty = False
         self._good_state: bytes | None = None
@@ -281,6 +285,15 @@ class WasmPolicy:
             raise self._failed(stage, exc, t0) from exc
         self._succeeded(t0)
         self._dirty = True
+        if self._checkpoint_on_hooks:
+            self._maybe_checkpoint()
+
+    def checkpoint(self) -> None:
+        """Capture the last good state now if it is due (interval passed, state changed).
+
+        For owners that pass ``checkpoint_on_hooks=False`` to keep the export off the
+        request path: the service calls this from a background task once a second.
+        """
         self._maybe_checkpoint()
 
     def _retry(self, stage: str, first: PolicyTimeout, t0: int, once: Callable[..., Any], *args: Any) -> Any:

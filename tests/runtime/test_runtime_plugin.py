@@ -185,6 +185,21 @@ def test_after_recovery_the_snapshot_is_delivered_again(policy):
     assert counter_state(plugin) == (1, 2)
 
 
+def test_with_checkpoints_off_the_hooks_only_checkpoint_saves_state(runtime, fake_clock):
+    """The service keeps exports off the request path and checkpoints between picks."""
+    mod = runtime.compile(wasm("counter"), name="counter")
+    plugin = WasmPolicy(mod, {}, clock=fake_clock, checkpoint_interval_s=0.0,
+                        checkpoint_on_hooks=False)
+    c = cycle(2)
+    plugin.pre_request(c, "a")
+    plugin.pre_request(c, "a")  # count 2, no checkpoint taken by the hooks
+    plugin.checkpoint()  # the owner's checkpoint: count 2
+    plugin.pre_request(c, "a")  # count 3, not saved
+    with pytest.raises(PluginError):
+        plugin.pre_request(cycle(2, prompt=LONG), "a")
+    assert plugin.score(c, (0, 1)).tolist() == [0.002, 0.002]
+
+
 def test_without_a_checkpoint_recovery_starts_fresh(policy):
     plugin = policy("counter")
     with pytest.raises(PluginError):
