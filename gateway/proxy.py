@@ -3,6 +3,7 @@ each request. Read it to integrate epick into your own data plane; it is short o
 
 Per request::
 
+    GET  /v1/models      forwarded to a replica epick picks for the base model
     POST /v1/completions | /v1/chat/completions  (JSON body)
       1. model, adapter, prompt from the body   (chat: epick.chat.serialize_messages)
       2. Pick(model, adapter, prompt, criticality)  -> endpoint + fallbacks + decision_id
@@ -141,6 +142,28 @@ class Gateway:
         self.stats.outcomes[502] += 1
         return _error(502, "every endpoint epick offered refused the connection", "bad_gateway")
 
+    async def models(self, request: web.Request) -> web.Response:
+        """``GET /v1/models``: what a replica epick picks for the base model serves (its
+        base model and loaded adapters), as OpenAI clients and benchmark tools expect."""
+        try:
+            decision = await self.picker.Pick(pb.PickRequest(model=self.base_model),
+                                              timeout=2.0)
+        except grpc.aio.AioRpcError as exc:
+            return _error(_HTTP_FOR.get(exc.code(), 503), f"epick: {exc.details()}",
+                          "service_unavailable")
+        for endpoint in [decision.endpoint, *decision.fallbacks]:
+            try:
+                async with self.http.get(f"http://{endpoint}/v1/models") as upstream:
+                    body, status = await upstream.read(), upstream.status
+            except aiohttp.ClientConnectionError:
+                continue
+            await self._report(decision.decision_id, endpoint,
+                               pb.OK if status < 400 else pb.ERROR, None)
+            return web.Response(body=body, status=status, content_type="application/json")
+        await self._report(decision.decision_id, decision.endpoint, pb.ERROR, None)
+        return _error(502, "every endpoint epick offered refused the connection",
+                      "bad_gateway")
+
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse,
                      decision_id: str, endpoint: str, t0: float) -> web.StreamResponse:
         """Stream the replica's answer back as it comes; report completion at the end."""
@@ -184,6 +207,7 @@ def make_app(gateway: Gateway) -> web.Application:
     app = web.Application(client_max_size=16 << 20)
     app.router.add_post("/v1/completions", gateway.handle)
     app.router.add_post("/v1/chat/completions", gateway.handle)
+    app.router.add_get("/v1/models", gateway.models)
     app.router.add_get("/health", health)
     app.on_cleanup.append(close)
     return app

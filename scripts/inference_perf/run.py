@@ -178,10 +178,9 @@ def front(route: str, addresses: list[str], work: Path) -> Iterator[str]:
             pick, _ = stack.enter_context(epick(addresses, policies, work))
             port = free_port()
             stack.enter_context(process(
-                [PY, str(ROOT / "scripts" / "inference_perf" / "gateway.py"),
-                 "--listen", f"127.0.0.1:{port}", "--epick", f"127.0.0.1:{pick}",
-                 "--model", BASE_MODEL, "--adapters",
-                 ",".join(f"adapter-{i}" for i in range(ADAPTERS))], work / "gateway.log"))
+                [PY, "-m", "epick.gateway", "--listen", f"127.0.0.1:{port}",
+                 "--epick", f"127.0.0.1:{pick}", "--model", BASE_MODEL],
+                work / "gateway.log"))
             url = f"http://127.0.0.1:{port}"
             wait_until("the gateway", lambda: _get(f"{url}/health"))
             yield url

@@ -197,3 +197,15 @@ def test_shed_and_unavailable_become_429_and_503(fake_vllm, tmp_path):
             lt.run(runner.cleanup())
     finally:
         lt.close()
+
+
+def test_models_lists_the_base_model_and_adapters_of_a_picked_replica(world):
+    fleet, svc, url = world
+    r = httpx.get(f"{url}/v1/models", timeout=10)
+    assert r.status_code == 200
+    assert [m["id"] for m in r.json()["data"]] == [BASE, "adapter-0", "adapter-1"]
+    deadline = time.monotonic() + 5
+    while svc.call(lambda: svc.service.scheduler.pending_decisions) and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert svc.call(lambda: svc.service.scheduler.pending_decisions) == 0
