@@ -55,12 +55,18 @@ class TelemetryRecorder:
     def __init__(self, manager: PolicyManager | None = None) -> None:
         self.manager = manager
         self._total = telemetry.PICK_LATENCY.labels("total")
+        self._stages = [telemetry.PICK_LATENCY.labels(s) for s in ("filter", "score", "pick",
+                                                                    "hooks")]
         self._outcomes = {o: telemetry.PICKS.labels(o) for o in telemetry.PICK_OUTCOMES}
         self._policy_latency: dict[str, object] = {}
 
     def pick_done(self, outcome: str, seconds: float) -> None:
         self._outcomes[outcome].inc()
         self._total.observe(seconds)
+
+    def stages(self, filter_s: float, score_s: float, pick_s: float, hooks_s: float) -> None:
+        for child, seconds in zip(self._stages, (filter_s, score_s, pick_s, hooks_s)):
+            child.observe(seconds)
 
     def policy_error(self, error: PluginError) -> None:
         telemetry.POLICY_ERRORS.labels(error.plugin, error.kind).inc()

@@ -69,6 +69,8 @@ class Recorder(Protocol):
     def policy_error(self, error: PluginError) -> None: ...
     def policy_latency(self, policy: str, seconds: float) -> None: ...
     def shadow(self, policy: str, agree: bool, delta: float) -> None: ...
+    def stages(self, filter_s: float, score_s: float, pick_s: float, hooks_s: float) -> None:
+        """One successful cycle's time per stage (hooks include the shadows)."""
 
 
 class _NullRecorder:
@@ -79,6 +81,9 @@ class _NullRecorder:
         pass
 
     def shadow(self, policy: str, agree: bool, delta: float) -> None:
+        pass
+
+    def stages(self, filter_s: float, score_s: float, pick_s: float, hooks_s: float) -> None:
         pass
 
 
@@ -166,6 +171,8 @@ class Scheduler:
         when the gateway sent none), so the same request on the same snapshot and
         policy state gives the same answer.
         """
+        perf = time.perf_counter
+        t_start = perf()
         pool = self._pool()
         policies = self.policies  # one read: a concurrent swap cannot split this pick
         cycle = Cycle(pool=pool, request=request)
@@ -205,25 +212,28 @@ class Scheduler:
                         why[i] = entry.name
             candidates = kept
 
+        t_filtered = perf()
         totals = np.zeros(len(candidates))
         per_policy: dict[str, np.ndarray] = {}
         for entry in policies.scorers:
-            t0 = time.perf_counter()
+            t0 = perf()
             try:
                 scores = entry.plugin.score(cycle, candidates)
             except PluginError as exc:
                 self._policy_failed(exc, skipped)
                 continue
-            self.recorder.policy_latency(entry.name, time.perf_counter() - t0)
+            self.recorder.policy_latency(entry.name, perf() - t0)
             if not getattr(entry.plugin, "clamps_scores", False):
                 scores = np.clip(scores, 0.0, 1.0)
             totals += entry.weight * scores
             if explain:
                 per_policy[entry.name] = scores
 
+        t_scored = perf()
         order = self.picker.pick(totals, 1 + self.fallbacks, request.seed)
         picked = [candidates[o] for o in order]
         endpoint = endpoints[picked[0]].address
+        t_picked = perf()
 
         # Shadows score before the hooks record this pick, so they judge the same state
         # the live policies did.
@@ -237,6 +247,8 @@ class Scheduler:
             except PluginError as exc:
                 self._policy_failed(exc, skipped)
 
+        self.recorder.stages(t_filtered - t_start, t_scored - t_filtered,
+                             t_picked - t_scored, perf() - t_picked)
         decision = Decision(
             decision_id=self._remember(request, endpoint),
             endpoint=endpoint,

@@ -159,4 +159,5 @@ def test_prometheus_metrics_count_picks_by_outcome(fake_vllm, serve):
     text = urllib.request.urlopen(url, timeout=5).read().decode()
     assert 'epick_picks_total{outcome="ok"}' in text
     assert 'epick_picks_total{outcome="invalid"}' in text
-    assert "epick_pick_latency_seconds_bucket" in text
+    for stage in ("total", "filter", "score", "pick", "hooks"):
+        assert f'stage="{stage}"' in text

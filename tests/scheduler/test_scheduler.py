@@ -49,7 +49,10 @@ class Boom:
 
 class Recorder:
     def __init__(self):
-        self.errors, self.shadows = [], []
+        self.errors, self.shadows, self.stage_times = [], [], []
+
+    def stages(self, *seconds):
+        self.stage_times.append(seconds)
 
     def policy_error(self, error):
         self.errors.append((error.plugin, error.kind))
@@ -126,6 +129,8 @@ def test_failing_scorer_is_skipped_counted_and_the_pick_still_succeeds():
     assert d.endpoint == "10.0.0.2:8000"
     assert rec.errors == [("boom", "trap")]
     assert d.skipped == ["boom: trap: unreachable executed"]
+    (times,) = rec.stage_times  # filter, score, pick, hooks: once per successful pick
+    assert len(times) == 4 and all(t >= 0 for t in times)
 
 
 def test_weights_combine_scores():
