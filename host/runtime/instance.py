@@ -159,10 +159,7 @@ class PolicyInstance:
         try:
             if not self._ticker.running:
                 self._check_ticker()
-            size = len(blob)
-            if size > self._in_cap:
-                self._grow_input(size)
-            self._in_mv[:size] = blob
+            size = self._put_input(blob)
             if n >= self._out_slots:
                 self._grow_output(n + 1)
             self._out_mv[: 8 * (n + 1)] = self._sentinels[: 8 * (n + 1)]
@@ -204,10 +201,7 @@ class PolicyInstance:
             raise self._busy()
         try:
             self._check_ticker()
-            size = len(blob)
-            if size > self._in_cap:
-                self._grow_input(size)
-            self._in_mv[:size] = blob
+            size = self._put_input(blob)
             if n >= self._out_slots:
                 self._grow_output(n + 1)
             keep = self._out_u8
@@ -313,6 +307,14 @@ class PolicyInstance:
 
     # -- internals ----------------------------------------------------------------------
 
+    def _put_input(self, blob: bytes) -> int:
+        """Copy ``blob`` into the guest's input buffer (grown first if too small)."""
+        size = len(blob)
+        if size > self._in_cap:
+            self._grow_input(size)
+        self._in_mv[:size] = blob
+        return size
+
     def _call_blob(self, func: GuestFunc | None, export: str, blob: bytes) -> None:
         if func is None:
             raise self._missing(export)
@@ -320,10 +322,7 @@ class PolicyInstance:
             raise self._busy()
         try:
             self._check_ticker()
-            size = len(blob)
-            if size > self._in_cap:
-                self._grow_input(size)
-            self._in_mv[:size] = blob
+            size = self._put_input(blob)
             status = func.call2(self._in_ptr, size)
             if status:
                 raise PolicyCallError(self.name, export, status, self._error_message())
