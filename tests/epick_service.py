@@ -62,10 +62,14 @@ class Running:
         self.admin = (admin_pb2_grpc.AdminStub(self.admin_channel)
                       if self.admin_channel else None)
 
-    def call(self, fn, *args):
+    @property
+    def ext_proc_port(self) -> int:
+        return self.service.ext_proc_port
+
+    def call(self, fn, *args, **kw):
         """Run ``fn`` on the service's own thread (where its Stores live) and wait."""
         async def run():
-            return fn(*args)
+            return fn(*args, **kw)
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=10)
 
 

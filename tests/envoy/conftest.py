@@ -12,19 +12,17 @@ green CI always ran them.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Iterator
 
-import anyio
 import msgspec
 import pytest
 
 from epick import config as cfg
 from epick.api.ext_proc_envoy import EXAMPLE, Envoy, EnvoyError, find_envoy, render
-from epick.service import Service
+from epick_service import running
 from replica import Replica
 
 BASE_MODEL = "base"
@@ -42,24 +40,6 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-class RunningEpick:
-    """A Service on its own thread (where its WASM Stores live)."""
-
-    def __init__(self, service: Service, loop: asyncio.AbstractEventLoop) -> None:
-        self.service = service
-        self.loop = loop
-
-    @property
-    def ext_proc_port(self) -> int:
-        return self.service.ext_proc_port
-
-    def call(self, fn, *args, **kw):
-        """Run ``fn`` on the service's thread and return its result."""
-        async def run():
-            return fn(*args, **kw)
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=10)
-
-
 def make_config(addresses, tmp: Path, *, policies=("load",), **ext_proc) -> cfg.Config:
     return msgspec.convert({
         "version": 1,
@@ -71,39 +51,6 @@ def make_config(addresses, tmp: Path, *, policies=("load",), **ext_proc) -> cfg.
         "admin": {"listen": "127.0.0.1:0"},
         "ext_proc": {"listen": "127.0.0.1:0", "base_model": BASE_MODEL, **ext_proc},
     }, cfg.Config)
-
-
-def _run_service(config: cfg.Config) -> tuple[RunningEpick, threading.Thread]:
-    ready = threading.Event()
-    box: dict = {}
-
-    async def main() -> None:
-        try:
-            service = Service(config)
-            async with anyio.create_task_group() as tg:
-                await tg.start(service.run)
-                box["running"] = RunningEpick(service, asyncio.get_running_loop())
-                ready.set()
-        except BaseException as exc:
-            box["error"] = exc
-            ready.set()
-            raise
-
-    thread = threading.Thread(target=lambda: anyio.run(main, backend="asyncio"),
-                              name="epick-service")
-    thread.start()
-    if not ready.wait(timeout=30):
-        raise TimeoutError("the epick service did not start within 30 s")
-    if "error" in box:
-        thread.join(timeout=10)
-        raise box["error"]
-    return box["running"], thread
-
-
-def _stop_service(running: RunningEpick, thread: threading.Thread) -> None:
-    running.loop.call_soon_threadsafe(running.service.stop)
-    thread.join(timeout=15)
-    assert not thread.is_alive(), "the epick service did not stop"
 
 
 @pytest.fixture
@@ -122,16 +69,10 @@ def replicas() -> Iterator:
 
 @pytest.fixture
 def epick(tmp_path) -> Iterator:
-    started = []
-
-    def start(addresses, **kw) -> RunningEpick:
-        running, thread = _run_service(make_config(addresses, tmp_path, **kw))
-        started.append((running, thread))
-        return running
-
-    yield start
-    for running, thread in reversed(started):
-        _stop_service(running, thread)
+    """``epick(addresses, **ext_proc)``: a running service (tests/epick_service.py)."""
+    with ExitStack() as stack:
+        yield lambda addresses, **kw: stack.enter_context(
+            running(make_config(addresses, tmp_path, **kw)))
 
 
 @pytest.fixture
