@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv
+.PHONY: demo test lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,12 @@ $(ENVOY_STAMP):
 envoy: $(ENVOY_STAMP)
 
 test: $(STAMP) $(ENVOY_STAMP)
+	$(VENV)/bin/ruff check --quiet .
 	$(PY) -m pytest -q
+
+## lint: ruff (also the first step of `make test`)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 ## test-envoy: only the tests against a real Envoy (tests/envoy/)
 test-envoy: $(STAMP) $(ENVOY_STAMP)

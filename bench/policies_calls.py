@@ -19,8 +19,9 @@ import argparse
 import time
 from pathlib import Path
 
-from epick import abi
 from timing import SPURIOUS, per_call_us
+
+from epick import abi
 from epick.runtime import Limits, Runtime
 
 DIST = Path(__file__).resolve().parent.parent / "policies" / "dist"

@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 import wasmtime
+from timing import SPURIOUS, per_call_us
 
 from epick import abi
-from timing import SPURIOUS, per_call_us
 from epick.runtime import Limits, PolicyTimeout, Runtime, WasmPolicy
 from epick.scheduler.framework import Cycle, PoolSnapshot
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import msgspec
 import numpy as np

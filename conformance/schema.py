@@ -27,7 +27,7 @@ happens once, at load (:mod:`epick.conformance.vectors`); the runner never re-ch
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -121,7 +121,7 @@ class PostResponse(_Table, tag_field="event", tag="post_response", kw_only=True)
     model: str = ""
 
 
-Event = Union[SnapshotEvent, PreRequest, PostResponse]
+Event = SnapshotEvent | PreRequest | PostResponse
 
 
 class Expect(_Table, kw_only=True):

@@ -6,9 +6,9 @@ Every error names the file, and msgspec's path inside it, e.g.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import msgspec
 

@@ -16,7 +16,8 @@ byte prefix of the serialization of any longer conversation that extends it.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 __all__ = ["serialize_messages"]
 

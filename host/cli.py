@@ -42,7 +42,7 @@ def _serve(args: argparse.Namespace) -> int:
             service = Service(config, config_path=Path(args.config).resolve())
         except ConfigError as exc:
             print(f"epick: {exc}", file=sys.stderr)
-            raise SystemExit(2)
+            raise SystemExit(2) from None
         async with anyio.create_task_group() as tg:
             await tg.start(service.run)
             host = config.server.listen.rsplit(":", 1)[0]

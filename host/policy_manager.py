@@ -15,8 +15,8 @@ step; the running set is untouched, so a bad module never replaces a working one
 from __future__ import annotations
 
 import functools
-import math
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -301,8 +301,8 @@ class Service:
         import watchfiles
 
         path = self.config_path
-        async for changes in watchfiles.awatch(path.parent, debounce=200, step=50,
-                                               watch_filter=lambda _c, p: Path(p) == path):
+        async for _changes in watchfiles.awatch(path.parent, debounce=200, step=50,
+                                                watch_filter=lambda _c, p: Path(p) == path):
             log.info("config file changed: %s", path)
             self.reload()
 

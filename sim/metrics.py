@@ -64,7 +64,7 @@ class PageState(NamedTuple):
 class _PrefixCounters:
     """Renders the page's two prefix-cache counters from the captured state."""
 
-    def __init__(self, page: "MetricsPage", labels: list[str], values: tuple[str, ...]):
+    def __init__(self, page: MetricsPage, labels: list[str], values: tuple[str, ...]):
         self._page, self._labels, self._values = page, labels, list(values)
 
     def describe(self):

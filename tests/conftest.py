@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
-
 from fakes import FakeClock, FakeVLLM
 
 

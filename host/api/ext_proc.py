@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -109,7 +109,7 @@ class _Stream:
     __slots__ = ("svc", "headers", "decision", "status", "body_streamed", "response_done",
                  "served", "reported")
 
-    def __init__(self, svc: "ExtProcService") -> None:
+    def __init__(self, svc: ExtProcService) -> None:
         self.svc = svc
         self.headers: dict[str, str] = {}
         self.decision: Decision | None = None

@@ -125,7 +125,7 @@ class Envoy:
         path = Path(self._dir.name) / "envoy.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def start(self) -> "Envoy":
+    def start(self) -> Envoy:
         self._dir = tempfile.TemporaryDirectory(prefix="epick-envoy-")
         d = Path(self._dir.name)
         (d / "envoy.yaml").write_text(self.config)
@@ -181,7 +181,7 @@ class Envoy:
             self._dir.cleanup()
             self._dir = None
 
-    def __enter__(self) -> "Envoy":
+    def __enter__(self) -> Envoy:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -111,7 +111,7 @@ def run(sizes=(8, 64, 256), picks: int = 3000, rounds: int = 5, warmup: int = 30
             }
             reqs = request_stream(picks)
             samples = {k: [] for k in scheds}
-            for k, s in scheds.items():
+            for s in scheds.values():
                 _time_picks(s, request_stream(warmup, seed=99), [])
             # Interleave implementations in rounds so drift hits both alike.
             chunk = max(1, picks // rounds)

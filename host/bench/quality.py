@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from epick import abi
 from epick.config import resolve_module
@@ -168,11 +168,11 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
         rates: dict[str, tuple[float, ...]] | None = None,
         progress: Callable[[str], None] | None = None) -> dict:
     """Run every (workload, rate, router); return the JSON-shaped results."""
+    import msgspec
+
     from epick.runtime import Runtime
     from epick.sim.config import DEFAULT_CONFIG
     from epick.sim.fleet import Fleet
-
-    import msgspec
 
     out: dict = {"workloads": {}, "scrape_interval_ms": scrape_interval_ms, "seed": seed,
                  "quick": quick, "epick_weights": weights or DEFAULT_WEIGHTS}

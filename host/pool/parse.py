@@ -26,8 +26,8 @@ Value rules (decided here, once):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families

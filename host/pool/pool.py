@@ -19,8 +19,8 @@ import logging
 import math
 import ssl
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import aiohttp
 import anyio
@@ -82,7 +82,7 @@ class _Endpoint:
     age_gauge: Gauge | None = None
 
     @classmethod
-    def of(cls, spec: EndpointSpec) -> "_Endpoint":
+    def of(cls, spec: EndpointSpec) -> _Endpoint:
         ep = cls(spec=spec, info_fresh=EndpointInfo(), info_stale=EndpointInfo())
         ep.set_spec(spec)
         ep.fresh_gauge = telemetry.ENDPOINT_FRESH.labels(spec.address)

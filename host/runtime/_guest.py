@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import wasmtime

@@ -75,7 +75,7 @@ class PolicyInstance:
     trap or timeout.
     """
 
-    def __init__(self, module: "PolicyModule", params: dict[str, Any] | None = None) -> None:
+    def __init__(self, module: PolicyModule, params: dict[str, Any] | None = None) -> None:
         rt = module.runtime
         rt._check_open()
         self.module = module

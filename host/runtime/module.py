@@ -30,7 +30,7 @@ class PolicyModule:
     """Every export name of the module (ABI functions, ``memory``, anything else)."""
     size: int
     """Size of the wasm bytes."""
-    runtime: "Runtime" = field(repr=False)
+    runtime: Runtime = field(repr=False)
     _module: wasmtime.Module = field(repr=False)
 
     def instantiate(self, params: dict[str, Any] | None = None) -> PolicyInstance:

@@ -42,8 +42,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from itertools import compress
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -71,7 +71,7 @@ class Runtime:
         self.ticker = EpochTicker(self.engine, self.tick_ms / 1000)
         self.ticker.start()
 
-    def __enter__(self) -> "Runtime":
+    def __enter__(self) -> Runtime:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -20,8 +20,9 @@ service's event-loop thread). WASM Stores are single-threaded, so plugins may as
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -76,7 +77,7 @@ class PoolSnapshot:
     @classmethod
     def build(
         cls, snapshot: abi.Snapshot, info: Sequence[EndpointInfo] | None = None
-    ) -> "PoolSnapshot":
+    ) -> PoolSnapshot:
         info = tuple(info) if info is not None else (EndpointInfo(),) * len(snapshot.endpoints)
         if len(info) != len(snapshot.endpoints):
             raise ValueError(

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from epick.scheduler.framework import FilterPlugin, PostResponsePlugin, PreRequestPlugin, ScorePlugin
+from epick.scheduler.framework import (
+    FilterPlugin,
+    PostResponsePlugin,
+    PreRequestPlugin,
+    ScorePlugin,
+)
 
 __all__ = ["PolicyEntry", "PolicySet", "DuplicatePolicyError", "UnknownPolicyError"]
 
@@ -87,7 +92,7 @@ class PolicySet:
         set_(self, "post_response", tuple(e for e in self.entries if e.has_post_response))
 
     @classmethod
-    def of(cls, *entries: PolicyEntry) -> "PolicySet":
+    def of(cls, *entries: PolicyEntry) -> PolicySet:
         return cls(entries=tuple(entries))
 
     def get(self, name: str) -> PolicyEntry:
@@ -102,15 +107,15 @@ class PolicySet:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def put(self, entry: PolicyEntry) -> "PolicySet":
+    def put(self, entry: PolicyEntry) -> PolicySet:
         """A set with ``entry`` added, or replacing the entry of the same name in place."""
         if entry.name in self:
             return PolicySet(tuple(entry if e.name == entry.name else e for e in self.entries))
         return PolicySet(self.entries + (entry,))
 
-    def remove(self, name: str) -> "PolicySet":
+    def remove(self, name: str) -> PolicySet:
         self.get(name)
         return PolicySet(tuple(e for e in self.entries if e.name != name))
 
-    def with_weight(self, name: str, weight: float) -> "PolicySet":
+    def with_weight(self, name: str, weight: float) -> PolicySet:
         return self.put(replace(self.get(name), weight=weight))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from epick_service import Running, make_config, running
 
 

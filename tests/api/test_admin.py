@@ -10,14 +10,13 @@ import urllib.request
 import grpc
 import msgspec
 import pytest
+from epick_service import TOKEN, make_config, running
+from fakes import vllm_page
 
 from epick.api.gen.epick.v1 import admin_pb2 as apb
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 from epick.api.gen.epick.v1 import picker_pb2_grpc
 from epick.config import resolve_module
-from fakes import vllm_page
-
-from epick_service import TOKEN, make_config, running
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 LOAD = resolve_module("load").read_bytes()

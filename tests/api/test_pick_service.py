@@ -7,10 +7,10 @@ import urllib.request
 
 import grpc
 import pytest
+from fakes import vllm_page
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epick.api.gen.epick.v1 import picker_pb2 as pb
-from fakes import vllm_page
 
 
 def wait_for(predicate, timeout=5.0, step=0.02):

@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 
 import grpc
+from epick_service import config_text, running
+from fakes import vllm_page
 
 from epick import config as cfg
 from epick.api.gen.epick.v1 import picker_pb2 as pb
-from fakes import vllm_page
-
-from epick_service import config_text, running
 
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or "grpcurl"
 

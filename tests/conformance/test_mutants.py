@@ -7,8 +7,8 @@ built with the project's own build driver (epick.policies_build) into a real .wa
 from __future__ import annotations
 
 import pytest
-
 from conformance_mutants import build_mutants
+
 from epick.conformance import check
 
 # name -> (mutations, the case that must fail, words its failure must contain)

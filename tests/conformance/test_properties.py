@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-
 from conformance_mutants import build_mutants
+
 from epick import abi
 from epick.conformance.driver import FUTURE_FIELDS, encode, encode_with_future_fields
 from epick.conformance.properties import PROPERTIES, run_properties

@@ -13,17 +13,17 @@ green CI always ran them.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Iterator
 
 import msgspec
 import pytest
+from epick_service import running
+from replica import Replica
 
 from epick import config as cfg
 from epick.api.ext_proc_envoy import EXAMPLE, Envoy, EnvoyError, find_envoy, render
-from epick_service import running
-from replica import Replica
 
 BASE_MODEL = "base"
 

@@ -13,7 +13,6 @@ from collections import Counter
 
 import httpx
 import pytest
-
 from fakes import vllm_page
 
 IDLE = vllm_page()

@@ -8,9 +8,9 @@ import time
 
 import httpx
 import pytest
+from fakes import vllm_page
 
 from epick.api.ext_proc_envoy import EXAMPLE, find_envoy
-from fakes import vllm_page
 
 BUSY = vllm_page(waiting=40, running=20, kv=0.95)
 IDLE = vllm_page(waiting=0, running=0, kv=0.05)

@@ -11,12 +11,11 @@ import time
 import httpx
 import pytest
 from aiohttp import web
+from epick_service import make_config, running
+from fakes import vllm_page
 
 from epick.gateway.proxy import Gateway, make_app
 from epick.sim.server import serve_fleet
-from fakes import vllm_page
-
-from epick_service import make_config, running
 
 BASE = "sim-base"
 

@@ -5,10 +5,9 @@ So each test states its pool and request in one line: ``score_input(snap([ep("a"
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from epick import abi
-
 from epick.runtime import PolicyCallError, PolicyLoadError
 
 __all__ = ["PolicyCallError", "PolicyLoadError", "ep", "snap", "score_input", "pre", "post", "memory_bytes"]

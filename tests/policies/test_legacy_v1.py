@@ -8,7 +8,6 @@ import random
 
 import numpy as np
 import pytest
-
 from policy_payloads import PolicyLoadError, ep, score_input, snap
 
 M64 = 2**64 - 1

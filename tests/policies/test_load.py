@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from policy_payloads import PolicyLoadError, ep, score_input, snap
 
 

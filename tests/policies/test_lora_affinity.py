@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from policy_payloads import PolicyCallError, PolicyLoadError, ep, post, pre, score_input, snap
 
 from epick import abi
-from policy_payloads import PolicyCallError, PolicyLoadError, ep, post, pre, score_input, snap
 
 
 def one(inst, endpoint, adapter="A", **request) -> float:

@@ -12,10 +12,10 @@ import msgspec
 import numpy as np
 import pytest
 import xxhash
-
-from epick import abi
 from policy_payloads import PolicyCallError, PolicyLoadError, ep, memory_bytes, score_input, snap
 from policy_payloads import pre as _pre
+
+from epick import abi
 
 
 def pre(endpoint: str, **request) -> bytes:

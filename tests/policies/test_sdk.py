@@ -9,10 +9,10 @@ import random
 import msgspec
 import numpy as np
 import pytest
+from policy_payloads import PolicyCallError, ep, post, pre, score_input, snap
 
 from epick import abi
 from epick.runtime import PolicyTrap
-from policy_payloads import PolicyCallError, ep, post, pre, score_input, snap
 
 POOL = snap([
     ep("a:1", waiting=3, running=2, kv_usage=0.5, running_adapters=("x",), waiting_adapters=("y",), max_lora=2),

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from fakes import vllm_page
 
 from epick.abi import EndpointMetrics
 from epick.pool import ScrapeError, parse_metrics
-from fakes import vllm_page
 
 URL = "http://10.0.0.7:8000/metrics"
 

@@ -7,15 +7,15 @@ the short real waits are the scrape interval (10 ms) doing its work.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
 
 import anyio
 import pytest
+from fakes import FakeClock, FakeVLLM, vllm_page
 
 from epick import telemetry
 from epick.pool import EndpointSpec, Pool
-from fakes import FakeClock, FakeVLLM, vllm_page
 
 INTERVAL_MS = 10
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+from wat_modules import wasm
 
 from epick.runtime import Limits, Runtime
-from wat_modules import wasm
 
 
 @pytest.fixture

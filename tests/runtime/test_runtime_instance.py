@@ -6,8 +6,8 @@ import struct
 
 import numpy as np
 import pytest
-
 from wat_modules import score_input, snapshot, wasm
+
 from epick import abi
 from epick.runtime import (
     PolicyCallError,

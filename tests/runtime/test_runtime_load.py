@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 import wasmtime
-
 from wat_modules import wasm, wat_source
+
 from epick.runtime import Limits, PolicyLoadError, Runtime
 
 SCORE = '(func (export "score") (param i32 i32 i32) (result i32) (i32.const 0))'

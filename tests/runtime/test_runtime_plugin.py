@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 import pytest
-
 from wat_modules import snapshot, wasm
+
 from epick import abi
 from epick.runtime import Limits, PolicyError, Runtime, WasmPolicy
 from epick.scheduler.framework import (

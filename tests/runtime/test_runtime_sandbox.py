@@ -7,8 +7,8 @@ import time
 
 import pytest
 import wasmtime
-
 from wat_modules import score_input, wasm, wat_source
+
 from epick.runtime import (
     Limits,
     PolicyCallError,

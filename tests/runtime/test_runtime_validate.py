@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import wasmtime
-
 from wat_modules import wasm, wat_source
+
 from epick.runtime import Limits, PolicyLoadError, Runtime, validate
 from epick.runtime.validate import synthetic_snapshot
 
