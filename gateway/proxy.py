@@ -180,9 +180,13 @@ class Gateway:
             await response.write_eof()
             if upstream.status >= 400:
                 status = pb.ERROR
-        except (ConnectionResetError, aiohttp.ClientError, asyncio.CancelledError):
-            status = pb.CANCELLED  # the client went away, or the replica broke mid-stream
+        except asyncio.CancelledError:
+            status = pb.CANCELLED
             raise
+        except (ConnectionResetError, aiohttp.ClientError):
+            # The client went away, or the replica broke mid-stream: report it, do not
+            # log it as a gateway error.
+            status = pb.CANCELLED
         finally:
             upstream.release()
             await self._report(decision_id, endpoint, status, ttft)

@@ -207,15 +207,20 @@ class ReplicaServer:
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
         })
         await resp.prepare(request)
-        if reply.chat:
-            await resp.write(reply.sse(reply.chat_role()))
-        async with flow.recv:
-            async for n in flow.recv:
-                await resp.write(reply.sse(reply.token_chunk(n)))
-        if include_usage:
-            await resp.write(reply.sse(reply.usage_chunk()))
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        try:
+            if reply.chat:
+                await resp.write(reply.sse(reply.chat_role()))
+            async with flow.recv:
+                async for n in flow.recv:
+                    await resp.write(reply.sse(reply.token_chunk(n)))
+            if include_usage:
+                await resp.write(reply.sse(reply.usage_chunk()))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionResetError:
+            # The client went away mid-stream: not an error of ours. The caller's
+            # ``finally`` aborts the request, freeing its KV blocks and adapter slot.
+            pass
         return resp
 
 

@@ -208,3 +208,18 @@ def test_models_lists_the_base_model_and_adapters_of_a_picked_replica(world):
             time.monotonic() < deadline:
         time.sleep(0.02)
     assert svc.call(lambda: svc.service.scheduler.pending_decisions) == 0
+
+
+def test_a_client_that_leaves_mid_stream_is_reported_and_not_logged_as_an_error(world, caplog):
+    fleet, svc, url = world
+    body = {"model": BASE, "prompt": "z" * 400, "max_tokens": 5000, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break
+    deadline = time.monotonic() + 10
+    while svc.call(lambda: svc.service.scheduler.pending_decisions) and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert svc.call(lambda: svc.service.scheduler.pending_decisions) == 0
+    assert "Error handling request" not in caplog.text

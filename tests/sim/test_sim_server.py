@@ -154,7 +154,7 @@ async def test_waiting_adapter_shows_in_the_scraped_metrics():
             tg.cancel_scope.cancel()
 
 
-async def test_a_client_that_goes_away_mid_stream_frees_its_request():
+async def test_a_client_that_goes_away_mid_stream_frees_its_request(caplog):
     async with running() as (fleet, client):
         srv = fleet.replicas[0]
         body = {"model": "sim-base", "prompt": "z" * 400, "max_tokens": 5000, "stream": True}
@@ -166,6 +166,7 @@ async def test_a_client_that_goes_away_mid_stream_frees_its_request():
             while srv.replica.num_in_flight:
                 await anyio.sleep(0.02)
         assert srv.replica.kv.usage == 0.0
+    assert "Error handling request" not in caplog.text  # a disconnect is not an error
 
 
 def test_cli_serve_prints_ready_lines_and_stops_on_sigterm():
