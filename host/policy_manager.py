@@ -15,9 +15,10 @@ step; the running set is untouched, so a bad module never replaces a working one
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -26,7 +27,7 @@ from epick.runtime import PolicyError, PolicyModule, Runtime, WasmPolicy, valida
 from epick.scheduler.policyset import PolicyEntry, PolicySet, UnknownPolicyError
 from epick.scheduler.scheduler import Scheduler
 
-__all__ = ["PolicyManager", "PolicyRejected", "ActivePolicy"]
+__all__ = ["PolicyManager", "PolicyRejected", "ActivePolicy", "read_module", "UnknownPolicyError"]
 
 log = logging.getLogger("epick.policies")
 
@@ -55,7 +56,6 @@ class ActivePolicy:
     """Result of the conformance gate; ``None`` when it was not run (config-loaded)."""
     shadow_calls: int = 0
     shadow_agree: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 class PolicyManager:
@@ -257,8 +257,6 @@ def _check_weight(name: str, weight: float | None) -> None:
 
 
 def _sha256(data: bytes) -> str:
-    import hashlib
-
     return hashlib.sha256(data).hexdigest()
 
 
@@ -268,5 +266,3 @@ def read_module(path: Path) -> bytes:
     except OSError as exc:
         raise PolicyRejected(path.stem, f"cannot read {path}: {exc.strerror}") from None
 
-
-__all__ += ["read_module", "UnknownPolicyError"]

@@ -144,9 +144,6 @@ class Service:
 
     # -- policies from config ---------------------------------------------------------
 
-    def _base(self) -> Path | None:
-        return self.config_path.parent if self.config_path else None
-
     def _load_policies(self, config: Config) -> None:
         """All config policies or none (raises ConfigError naming the policy)."""
         entries = []
