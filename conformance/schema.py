@@ -72,6 +72,7 @@ class Endpoint(_Table, kw_only=True):
     max_lora: NonNegInt = 0
     num_gpu_blocks: NonNegInt = 0
     block_size: NonNegInt = 0
+    deferred: NonNegInt = 0
 
 
 class Request(_Table, kw_only=True):

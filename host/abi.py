@@ -71,6 +71,9 @@ class EndpointMetrics(msgspec.Struct, array_like=True, frozen=True, kw_only=True
     """KV blocks on the device (0 = unknown)."""
     block_size: int = 0
     """Tokens per KV block (0 = unknown)."""
+    deferred: int = 0
+    """Requests waiting for a transient constraint, above all a free LoRA slot (vLLM
+    ``num_requests_waiting_by_reason{reason="deferred"}``); 0 where not reported."""
 
 
 class Snapshot(msgspec.Struct, array_like=True, frozen=True, kw_only=True):

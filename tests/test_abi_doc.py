@@ -36,7 +36,7 @@ def test_documented_field_order_matches_the_structs(title, struct):
 def test_payloads_are_msgpack_arrays_in_declared_order():
     ep = abi.EndpointMetrics(address="a:1", waiting=3, running_adapters=("x",))
     assert msgspec.msgpack.decode(abi.encoder.encode(ep)) == [
-        "a:1", 3, 0, 0.0, ["x"], [], 0, 0, 0]
+        "a:1", 3, 0, 0.0, ["x"], [], 0, 0, 0, 0]
 
 
 def test_describe_is_a_map_with_the_documented_keys():

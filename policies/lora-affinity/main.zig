@@ -9,6 +9,10 @@
 //!   otherwise                                        → score_other     (0.0)
 //! R = scraped running ∪ adapters with in-flight requests in this policy's history on that
 //! endpoint; W = scraped waiting; M = max_lora; set sizes count distinct names.
+//! While the endpoint defers requests for want of a LoRA slot (`deferred` > 0, current
+//! vLLM, which names no waiting adapter): R = scraped running only, and W = scraped
+//! waiting ∪ in-flight history adapters the engine does not list — or, if that is empty,
+//! one unnamed adapter (someone else's deferred request).
 //!
 //! Profile "upstream" (the Go picker's table, no history, no base-model rule):
 //!   A ∈ scraped running → 1.0; |running| + |waiting| < M → 0.8; A ∈ waiting → 0.6; else 0.
@@ -312,11 +316,22 @@ fn seenBefore(lists: []const []const []const u8, li: usize, ai: usize, a: []cons
 
 fn seedScore(e: *const sdk.Endpoint, st: ?*const EpState, adapter: []const u8) f64 {
     if (adapter.len == 0) return 1.0;
+    // Current vLLM names no waiting adapter; it counts requests deferred for want of a
+    // slot. While it defers, the adapters this policy sent there that the engine does not
+    // list as resident are the ones waiting (docs/design.md, "LoRA affinity on current vLLM").
+    const deferring = e.deferred > 0;
     const in_history = if (st) |s| (if (s.adapters.get(adapter)) |h| h.inflight > 0 else false) else false;
-    const in_r = e.isRunning(adapter) or in_history;
-    const w = distinct(&.{e.waiting_adapters}, null);
+    const in_r = e.isRunning(adapter) or (in_history and !deferring);
+    var w = distinct(&.{e.waiting_adapters}, null);
+    var anonymous: u32 = 0;
+    if (deferring) {
+        if (st) |s| w += historyOutside(s, &.{ e.running_adapters, e.waiting_adapters });
+        // Deferred requests of adapters someone else sent: at least one adapter waits.
+        if (w == 0) anonymous = 1;
+        w += anonymous;
+    }
     if (in_r and w == 0) return cfg.score_running;
-    const r_or_w = distinct(&.{ e.running_adapters, e.waiting_adapters }, st);
+    const r_or_w = distinct(&.{ e.running_adapters, e.waiting_adapters }, st) + anonymous;
     if (r_or_w < e.max_lora) return cfg.score_room;
     if (w > 0 and e.max_lora > 0) {
         const m: f64 = @floatFromInt(e.max_lora);
@@ -324,6 +339,18 @@ fn seedScore(e: *const sdk.Endpoint, st: ?*const EpState, adapter: []const u8) f
         return cfg.score_waiting_max * (1.0 - wf / m);
     }
     return cfg.score_other;
+}
+
+/// In-flight adapters of the history that none of `lists` names.
+fn historyOutside(st: *const EpState, lists: []const []const []const u8) u32 {
+    var n: u32 = 0;
+    var it = st.adapters.iterator();
+    while (it.next()) |kv| {
+        if (kv.value_ptr.inflight == 0) continue;
+        if (seenBefore(lists, lists.len, 0, kv.key_ptr.*)) continue;
+        n += 1;
+    }
+    return n;
 }
 
 fn upstreamScore(e: *const sdk.Endpoint, adapter: []const u8) f64 {

@@ -29,6 +29,8 @@ pub const Endpoint = struct {
     max_lora: i64 = 0,
     num_gpu_blocks: i64 = 0,
     block_size: i64 = 0,
+    /// Requests waiting for a free LoRA slot (or another transient constraint).
+    deferred: i64 = 0,
 
     pub fn isRunning(e: *const Endpoint, adapter: []const u8) bool {
         return contains(e.running_adapters, adapter);
@@ -142,7 +144,8 @@ pub fn decodeEndpoint(r: *Reader, s: Strings) Error!Endpoint {
     if (n > 6) e.max_lora = try r.int("snapshot.endpoints[].max_lora");
     if (n > 7) e.num_gpu_blocks = try r.int("snapshot.endpoints[].num_gpu_blocks");
     if (n > 8) e.block_size = try r.int("snapshot.endpoints[].block_size");
-    if (n > 9) try r.skipN("snapshot.endpoints[] (trailing)", n - 9);
+    if (n > 9) e.deferred = try r.int("snapshot.endpoints[].deferred");
+    if (n > 10) try r.skipN("snapshot.endpoints[] (trailing)", n - 10);
     return e;
 }
 

@@ -27,11 +27,17 @@ MUTANTS = {
         "got 0.75",
     ),
     "waiting-ignored": (
-        [("const w = distinct(&.{e.waiting_adapters}, null);", "const w: u32 = 0;"),
+        [("var w = distinct(&.{e.waiting_adapters}, null);", "var w: u32 = 0;"),
          ("distinct(&.{ e.running_adapters, e.waiting_adapters }, st)",
           "distinct(&.{e.running_adapters}, st)")],
         "lora/seed/waiting-count",
         "endpoint 1 (e1:8000) expected 0.375 (waiting: |W| = 1, 0.5 * (1 - 1/4) = 0.375), got 0",
+    ),
+    "deferred-ignored": (
+        [("const deferring = e.deferred > 0;", "const deferring = e.deferred < 0;")],
+        "lora/seed/current-vllm/deferred-unnamed",
+        "endpoint 0 (e0:8000) expected 0.25 (waiting: R = {sql,chat}, W = {?} (deferred 2), "
+        "|R∪W| = 3 >= M = 2, 0.5 * (1 - 1/2) = 0.25), got 1",
     ),
     "history-never-decremented": (
         # a runtime-true guard, not `return;`: Zig refuses code it can see is unreachable

@@ -116,9 +116,9 @@ def test_missing_trailing_elements_take_the_abi_defaults(policy):
         (msgspec.msgpack.encode([None, []]), "ScoreInput has 2 elements; needs [snapshot, request, candidates]"),
         (score_input(POOL) + b"\x00", f"1 unexpected bytes after the ScoreInput at byte {len(score_input(POOL))}"),
         (b"", "truncated input reading ScoreInput at byte 0 of 0"),
-        # the seed's tag (0xfb, -5) sits at byte 62 of this encoding
+        # the seed's tag (0xfb, -5) sits at byte 64 of this encoding
         (msgspec.msgpack.encode([msgspec.to_builtins(POOL), ["r", "m", "", "", 1, -5], []]),
-         "request.seed = -5 must not be negative (byte 62)"),
+         "request.seed = -5 must not be negative (byte 64)"),
     ],
     ids=["nil-without-resident", "candidate-out-of-range", "ill-typed-field", "schema", "too-short",
          "trailing-bytes", "empty", "negative-seed"],
