@@ -44,7 +44,7 @@ def vllm_page(
     lora_timestamp: float = 1.7e9,
     block_size: int = 16,
     num_gpu_blocks: int = 2048,
-    model: str = "meta-llama/Llama-3.1-8B-Instruct",
+    model: str = "m",
 ) -> str:
     """A vLLM ``/metrics`` page in Prometheus text format.
 
@@ -98,6 +98,9 @@ class FakeVLLM:
         self._stopped = threading.Event()
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
+        #: Other paths it answers (JSON), e.g. ``{"/v1/models": ...}``; every other path
+        #: gets the page.
+        self.documents: dict[str, str] = {}
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -128,10 +131,13 @@ class FakeVLLM:
                     self.close_connection = True
                     return  # killed mid-request: close without answering
                 status, body = fake.status, fake.page.encode()
+                content_type = "text/plain; version=0.0.4; charset=utf-8"
+                if self.path in fake.documents:  # e.g. /v1/models
+                    body, content_type = fake.documents[self.path].encode(), "application/json"
                 if status != 200:
                     body = b"Internal Server Error\n"
                 self.send_response(status)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 try:

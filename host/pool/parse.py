@@ -1,7 +1,11 @@
-"""Turn one model server's ``/metrics`` page into :class:`epick.abi.EndpointMetrics`.
+"""Turn one model server's ``/metrics`` page into what the pool knows of the endpoint.
 
-The text is parsed by prometheus_client's parser; this module only picks the samples
-(DESIGN.md "Model-server metrics") and checks their values.
+:func:`parse_page` gives a :class:`ScrapedPage`: the :class:`epick.abi.EndpointMetrics`
+policies see, plus host-only facts (sleeping, served model names, the LoRA format seen).
+:func:`parse_metrics` is the same, returning only the metrics.
+
+The text is parsed by prometheus_client's parser; this module picks the samples
+(../shared/REAL_ENGINES.md, captured pages in tests/pool/fixtures/) and checks their values.
 
 Value rules (decided here, once):
 
@@ -9,25 +13,50 @@ Value rules (decided here, once):
   error, not clamped, because it means a broken exporter, and a clamped 0 would attract
   traffic to it. Fractional counts are rounded to the nearest integer.
 - KV-cache use must be finite and in [0, 1]. Up to 1e-6 above 1 (float rounding) is
-  clamped to 1; anything beyond that is an error, because it usually means a percentage
-  (0..100) exporter, which clamping would silently read as "full".
-- Several series of one metric (vLLM data-parallel ``engine="0"``, ``"1"``…): counts are
-  summed, KV use is the maximum (the busiest engine decides whether a request fits).
-- ``lora_requests_info``: its value is a timestamp; the adapter sets come from the newest
-  series whose ``running_lora_adapters`` or ``waiting_lora_adapters`` label is non-empty.
-  If every series has both labels empty the previous sets are kept (an idle server still
-  holds its last adapters; upstream PR #423). ``max_lora`` is a server constant and comes
-  from the newest series of all, empty or not, so an idle fresh server still shows its
-  free slots. No ``lora_requests_info`` at all means no LoRA: empty sets, ``max_lora`` 0.
-- ``cache_config_info``: ``block_size`` and ``num_gpu_blocks`` labels; absent, empty or
-  ``None`` (vLLM before the KV cache is profiled) means 0 = unknown.
+  clamped to 1; anything beyond that is an error (a percentage exporter, most likely).
+- Several series of one metric: vLLM data-parallel ``engine="0"``, ``"1"``… and SGLang
+  ``dp_rank`` are summed (counts) or maxed (KV use: the busiest engine decides whether a
+  request fits). SGLang with ``--enable-priority-scheduling`` writes the total under
+  ``priority=""`` *and* one series per priority: when a family has ``priority=""``
+  series, only those count (summing all would double the queue).
+- A sample line the parser refuses is skipped and named in ``ScrapedPage.skipped``; the
+  rest of the page still counts. A required metric (queue, running, KV) that is missing
+  or holds an impossible value fails the whole page (:class:`ScrapeError`); an optional
+  one (LoRA, geometry, sleep, deferred) with a bad value is skipped and named.
+- ``vllm:lora_requests_info`` (value = Unix time of the record; the largest is current;
+  vLLM never drops old label sets, so a long-lived page carries hundreds). Only the
+  newest series and the newest non-empty one are handed to the parser; for the others
+  only the value is read (a string split), so old series cost ~1 µs each:
+
+  * **current vLLM** (0.1x+, seen on 0.32): every adapter with an in-flight request is in
+    BOTH ``running_lora_adapters`` and ``waiting_lora_adapters`` (equal lists), and a
+    request deferred for want of a slot is in neither. Read as: ``running_adapters`` =
+    the newest non-empty list (the adapters resident — an idle server still holds the
+    adapters it last ran, upstream PR #423), ``waiting_adapters`` = () (the engine does
+    not name them), ``deferred`` = ``num_requests_waiting_by_reason{reason="deferred"}``.
+  * **older vLLM**: disjoint running / waiting lists, read as they are; an all-empty
+    newest series keeps the newest busy one (PR #423), else the previous scrape's sets.
+
+  The format is decided from the newest non-empty series: "older" if its running and
+  waiting sets differ, else "current" (an older server whose only adapter both runs and
+  waits reads as current: the same resident set, with nothing named waiting). ``max_lora`` is a server constant, read from the
+  newest series. A LoRA-enabled vLLM that has served no adapter yet declares the family
+  (``# TYPE``) with no sample: ``max_lora`` is then read as 1 — the lower bound vLLM
+  guarantees (``--max-loras`` >= 1) — or the previous scrape's value, so a fresh replica
+  has room instead of looking LoRA-less.
+- Geometry: vLLM ``cache_config_info{block_size, num_gpu_blocks}`` labels; SGLang
+  ``sglang:page_size`` / ``sglang:num_pages``; TensorRT-LLM
+  ``trtllm_kv_cache_tokens_per_block`` / ``trtllm_kv_cache_max_blocks``. Absent, empty
+  or ``None`` (vLLM before the KV cache is profiled) means 0 = unknown.
+- ``vllm:engine_sleep_state{sleep_state="awake"}`` 0 means the engine sleeps: it shows
+  queue 0 and KV 0, so it would look like the best target; the pool keeps it out.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -35,7 +64,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from epick.abi import EndpointMetrics
 from epick.pool.errors import ScrapeError
 
-__all__ = ["parse_metrics", "EngineMetricNames", "ENGINE_METRICS"]
+__all__ = [
+    "parse_metrics",
+    "parse_page",
+    "ScrapedPage",
+    "EngineMetricNames",
+    "ENGINE_METRICS",
+]
 
 # Float rounding can put a "full" cache a hair above 1.
 _KV_TOLERANCE = 1e-6
@@ -50,9 +85,20 @@ class EngineMetricNames:
     kv: tuple[str, ...]
     lora_info: str | None = None
     cache_config_info: str | None = None
+    waiting_by_reason: str | None = None
+    sleep_state: str | None = None
+    block_size: str | None = None
+    """A gauge holding tokens per KV block (engines without ``cache_config_info``)."""
+    num_blocks: str | None = None
+    """A gauge holding the number of KV blocks."""
+    lora_slots: str | None = None
+    """A gauge holding the adapter slot count (SGLang), read as ``max_lora``."""
 
     def all(self) -> tuple[str, ...]:
-        optional = (self.lora_info, self.cache_config_info)
+        optional = (
+            self.cache_config_info, self.waiting_by_reason, self.sleep_state,
+            self.block_size, self.num_blocks, self.lora_slots,
+        )
         return (self.waiting, self.running, *self.kv, *(n for n in optional if n))
 
 
@@ -64,21 +110,48 @@ ENGINE_METRICS: dict[str, EngineMetricNames] = {
         kv=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         lora_info="vllm:lora_requests_info",
         cache_config_info="vllm:cache_config_info",
+        waiting_by_reason="vllm:num_requests_waiting_by_reason",
+        sleep_state="vllm:engine_sleep_state",
     ),
     "sglang": EngineMetricNames(
         waiting="sglang:num_queue_reqs",
         running="sglang:num_running_reqs",
         kv=("sglang:token_usage",),
+        block_size="sglang:page_size",
+        num_blocks="sglang:num_pages",
+        lora_slots="sglang:lora_pool_slots_total",
     ),
     "trtllm": EngineMetricNames(
         waiting="trtllm_num_requests_waiting",
         running="trtllm_num_requests_running",
         kv=("trtllm_kv_cache_utilization",),
+        block_size="trtllm_kv_cache_tokens_per_block",
+        num_blocks="trtllm_kv_cache_max_blocks",
     ),
 }
 
 _RUNNING = "running_lora_adapters"
 _WAITING = "waiting_lora_adapters"
+_EMPTY_RUNNING = 'running_lora_adapters=""'
+_EMPTY_WAITING = 'waiting_lora_adapters=""'
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapedPage:
+    """One page, read: the metrics policies see and what only the host uses."""
+
+    metrics: EndpointMetrics
+    models: tuple[str, ...] = ()
+    """``model_name`` label values on the queue/running series (served model names)."""
+    sleeping: bool = False
+    """The engine reports it is asleep (vLLM sleep mode): not a candidate."""
+    lora_format: str = "none"
+    """``none`` (no LoRA family), ``declared`` (LoRA on, no series yet), ``idle`` (only
+    empty series), ``current`` (equal running/waiting lists) or ``older`` (disjoint)."""
+    lora_series: int = 0
+    """How many ``lora_requests_info`` series the page carries (it only grows)."""
+    skipped: tuple[str, ...] = field(default=())
+    """Sample lines or optional metrics left out, each with the reason."""
 
 
 def parse_metrics(
@@ -89,7 +162,19 @@ def parse_metrics(
     previous: EndpointMetrics | None,
     address: str | None = None,
 ) -> EndpointMetrics:
-    """Parse a Prometheus text page from ``url`` into the endpoint's metrics.
+    """Parse a Prometheus text page; only the metrics (see :func:`parse_page`)."""
+    return parse_page(text, engine=engine, url=url, previous=previous, address=address).metrics
+
+
+def parse_page(
+    text: str,
+    *,
+    engine: str,
+    url: str,
+    previous: EndpointMetrics | None,
+    address: str | None = None,
+) -> ScrapedPage:
+    """Parse a Prometheus text page from ``url`` into what the pool knows of the endpoint.
 
     Parameters
     ----------
@@ -101,14 +186,10 @@ def parse_metrics(
         Where the page came from; only used in error messages and for the default address.
     previous:
         The endpoint's last good metrics, or ``None``: supplies the LoRA adapter sets when
-        the page reports only idle (empty) ``lora_requests_info`` series.
+        an older-format page reports only idle series, and ``max_lora`` for a LoRA-enabled
+        page with no series yet.
     address:
         The endpoint's ``host:port``; defaults to ``previous.address``, else the URL's.
-
-    Returns
-    -------
-    EndpointMetrics
-        A new value; ``previous`` is never modified.
 
     Raises
     ------
@@ -124,66 +205,126 @@ def parse_metrics(
         raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINE_METRICS)}")
     if address is None:
         address = previous.address if previous is not None else urlsplit(url).netloc
-    samples = _samples_by_name(text, url, names.all())
+    if "\x00" in text:  # binary junk; the parser's own message for it is empty
+        raise ScrapeError(url, "not Prometheus text format: NUL byte in page", kind="parse")
+    lines, lora_lines = _relevant_lines(text, names.all(), names.lora_info)
+    skipped: list[str] = []
+    samples = _samples_by_name(lines, url, skipped)
 
     waiting = _count(samples, names.waiting, url)
     running = _count(samples, names.running, url)
     kv = _kv_usage(samples, names.kv, url)
+    models = _models(samples, names)
 
-    running_adapters: tuple[str, ...] = ()
-    waiting_adapters: tuple[str, ...] = ()
-    max_lora = 0
-    if names.lora_info is not None and names.lora_info in samples:
-        running_adapters, waiting_adapters, max_lora = _lora(
-            samples[names.lora_info], names.lora_info, url, previous
-        )
-    block_size = num_gpu_blocks = 0
+    lora = _Lora()
+    if names.lora_info is not None:
+        declared = f"# TYPE {names.lora_info} " in text
+        try:
+            lora = _lora(lora_lines, names.lora_info, url, previous, declared, skipped)
+        except ScrapeError as err:
+            skipped.append(f"{names.lora_info}: {err.reason}")
+            lora = _Lora()
+    elif names.lora_slots is not None and names.lora_slots in samples:
+        lora.max_lora = _optional_int(samples, names.lora_slots, skipped)
+
+    block_size = num_blocks = 0
     if names.cache_config_info is not None and names.cache_config_info in samples:
-        # One series; if there were several, the last one is as good as any.
+        # One series per engine; dp ranks share the config, so the last is as good as any.
         labels = samples[names.cache_config_info][-1][0]
-        block_size = _int_label(labels, "block_size", names.cache_config_info, url)
-        num_gpu_blocks = _int_label(labels, "num_gpu_blocks", names.cache_config_info, url)
+        try:
+            block_size = _int_label(labels, "block_size", names.cache_config_info, url)
+            num_blocks = _int_label(labels, "num_gpu_blocks", names.cache_config_info, url)
+        except ScrapeError as err:
+            skipped.append(f"{names.cache_config_info}: {err.reason}")
+            block_size = num_blocks = 0
+    if names.block_size is not None:
+        block_size = _optional_int(samples, names.block_size, skipped)
+    if names.num_blocks is not None:
+        num_blocks = _optional_int(samples, names.num_blocks, skipped, total=True)
 
-    return EndpointMetrics(
+    deferred = 0
+    if names.waiting_by_reason is not None:
+        for labels, value in samples.get(names.waiting_by_reason, ()):
+            if labels.get("reason") == "deferred" and math.isfinite(value) and value >= 0:
+                deferred += round(value)
+    sleeping = False
+    if names.sleep_state is not None and names.sleep_state in samples:
+        awake = [v for labels, v in samples[names.sleep_state] if labels.get("sleep_state") == "awake"]
+        sleeping = bool(awake) and all(v == 0 for v in awake)
+
+    metrics = EndpointMetrics(
         address=address,
         waiting=waiting,
         running=running,
         kv_usage=kv,
-        running_adapters=running_adapters,
-        waiting_adapters=waiting_adapters,
-        max_lora=max_lora,
-        num_gpu_blocks=num_gpu_blocks,
+        running_adapters=lora.running,
+        waiting_adapters=lora.waiting,
+        max_lora=lora.max_lora,
+        num_gpu_blocks=num_blocks,
         block_size=block_size,
+        deferred=deferred,
+    )
+    return ScrapedPage(
+        metrics=metrics,
+        models=models,
+        sleeping=sleeping,
+        lora_format=lora.format,
+        lora_series=len(lora_lines),
+        skipped=tuple(skipped),
     )
 
 
 _Series = list[tuple[dict[str, str], float]]
 
 
-def _relevant_lines(text: str, prefixes: tuple[str, ...]) -> str:
-    """Only the sample lines of the metrics we read.
+def _relevant_lines(
+    text: str, prefixes: tuple[str, ...], lora_name: str | None
+) -> tuple[list[str], list[str]]:
+    """The sample lines of the metrics we read, and the LoRA info lines apart.
 
-    A real vLLM page has hundreds of histogram lines we never look at; parsing all of
-    them costs ~6 ms a page (~13% of a core per endpoint at a 50 ms interval) against
-    ~0.2 ms for these few. Comment lines go too: samples are read by name, not family
-    type. This is line selection, not parsing: every kept line goes to the real parser.
+    A real vLLM page has ~600 lines, mostly histograms we never look at; parsing all of
+    them costs ~6 ms a page against ~0.2 ms for these few. Comment lines go too: samples
+    are read by name, not family type. This is line selection, not parsing: every kept
+    line goes to the real parser (the LoRA lines after :func:`_lora` picks the newest).
     """
-    return "\n".join(line for line in text.splitlines() if line.startswith(prefixes))
+    keep: list[str] = []
+    lora: list[str] = []
+    for line in text.splitlines():
+        if lora_name is not None and line.startswith(lora_name):
+            lora.append(line)
+        elif line.startswith(prefixes):
+            keep.append(line)
+    return keep, lora
 
 
-def _samples_by_name(text: str, url: str, prefixes: tuple[str, ...]) -> dict[str, _Series]:
-    """Sample name -> [(labels, value)], in page order, for names starting with ``prefixes``."""
+def _parse_lines(lines: list[str]):
+    for family in text_string_to_metric_families("\n".join(lines)):
+        for sample in family.samples:
+            yield sample.name, sample.labels, float(sample.value)
+
+
+def _samples_by_name(lines: list[str], url: str, skipped: list[str]) -> dict[str, _Series]:
+    """Sample name -> [(labels, value)], in page order; bad lines are skipped and named."""
     out: dict[str, _Series] = {}
-    if "\x00" in text:  # binary junk; the parser's own message for it is empty
-        raise ScrapeError(url, "not Prometheus text format: NUL byte in page", kind="parse")
     try:
         # The parser is lazy: errors surface while iterating, so iterate inside the try.
-        for family in text_string_to_metric_families(_relevant_lines(text, prefixes)):
-            for sample in family.samples:
-                out.setdefault(sample.name, []).append((sample.labels, float(sample.value)))
-    except Exception as exc:  # the parser raises bare ValueError/IndexError/TypeError alike
-        detail = str(exc).strip() or type(exc).__name__
-        raise ScrapeError(url, f"not Prometheus text format: {detail}", kind="parse") from exc
+        for name, labels, value in _parse_lines(lines):
+            out.setdefault(name, []).append((labels, value))
+        return out
+    except Exception:  # the parser raises bare ValueError/IndexError/TypeError alike
+        out.clear()
+    # Some line is bad: parse one line at a time so the good ones still count.
+    first_error: str | None = None
+    for line in lines:
+        try:
+            for name, labels, value in _parse_lines([line]):
+                out.setdefault(name, []).append((labels, value))
+        except Exception as exc:
+            detail = str(exc).strip() or type(exc).__name__
+            first_error = first_error or detail
+            skipped.append(f"line {line[:120]!r}: {detail}")
+    if not out:
+        raise ScrapeError(url, f"not Prometheus text format: {first_error}", kind="parse")
     return out
 
 
@@ -191,6 +332,15 @@ def _series(samples: dict[str, _Series], name: str, url: str) -> _Series:
     series = samples.get(name)
     if not series:
         raise ScrapeError(url, f"missing {name}{_hint(samples)}", kind="missing-metric")
+    return _totals(series)
+
+
+def _totals(series: _Series) -> _Series:
+    """The series that add up to the total: only ``priority=""`` ones when present."""
+    if any("priority" in labels for labels, _ in series):
+        total = [(labels, v) for labels, v in series if labels.get("priority", "") == ""]
+        if total:
+            return total
     return series
 
 
@@ -218,7 +368,7 @@ def _kv_usage(samples: dict[str, _Series], names: Iterable[str], url: str) -> fl
             url, f"missing {' or '.join(names)}{_hint(samples)}", kind="missing-metric"
         )
     worst = 0.0
-    for _, value in samples[name]:
+    for _, value in _totals(samples[name]):
         if not math.isfinite(value) or not 0.0 <= value <= 1.0 + _KV_TOLERANCE:
             raise ScrapeError(
                 url, f"{name} is {value!r}; expected a fraction in [0, 1]", kind="invalid-value"
@@ -227,35 +377,108 @@ def _kv_usage(samples: dict[str, _Series], names: Iterable[str], url: str) -> fl
     return min(worst, 1.0)
 
 
+def _models(samples: dict[str, _Series], names: EngineMetricNames) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for name in (names.running, names.waiting):
+        for labels, _ in samples.get(name, ()):
+            model = labels.get("model_name", "")
+            if model:
+                seen[model] = None
+    return tuple(seen)
+
+
+def _optional_int(
+    samples: dict[str, _Series], name: str, skipped: list[str], *, total: bool = False
+) -> int:
+    """A gauge read as an integer >= 0 (summed over dp ranks when ``total``); 0 if absent."""
+    series = samples.get(name)
+    if not series:
+        return 0
+    values = [v for _, v in _totals(series)]
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        skipped.append(f"{name}: {values!r} is not a count >= 0")
+        return 0
+    return round(sum(values) if total else max(values))
+
+
 def _split(value: str) -> tuple[str, ...]:
     return tuple(part for part in (p.strip() for p in value.split(",")) if part)
 
 
+@dataclass(slots=True)
+class _Lora:
+    running: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    max_lora: int = 0
+    format: str = "none"
+
+
+def _line_value(line: str) -> float:
+    """The sample value of a ``name{labels} value [timestamp]`` line; NaN if unreadable."""
+    close = line.rfind("}")
+    rest = line[close + 1 :].split() if close >= 0 else line.split()[1:]
+    try:
+        return float(rest[0])
+    except (IndexError, ValueError):
+        return math.nan
+
+
 def _lora(
-    series: _Series, name: str, url: str, previous: EndpointMetrics | None
-) -> tuple[tuple[str, ...], tuple[str, ...], int]:
-    newest_any: tuple[dict[str, str], float] | None = None
-    newest_busy: tuple[dict[str, str], float] | None = None
-    for labels, ts in series:
-        if math.isnan(ts):
-            continue  # cannot be ordered; never "the newest"
-        if newest_any is None or ts > newest_any[1]:
-            newest_any = (labels, ts)
-        if labels.get(_RUNNING, "") == "" and labels.get(_WAITING, "") == "":
+    lines: list[str],
+    name: str,
+    url: str,
+    previous: EndpointMetrics | None,
+    declared: bool,
+    skipped: list[str],
+) -> _Lora:
+    if not lines:
+        if not declared:
+            return _Lora()
+        # LoRA is on but nothing was served yet: at least one slot, all free.
+        keep = previous.max_lora if previous is not None and previous.max_lora > 0 else 1
+        return _Lora(max_lora=keep, format="declared")
+    # One pass, no parsing: the value (a timestamp) of each line, and whether it is empty.
+    newest: tuple[float, str] | None = None
+    newest_busy: tuple[float, str] | None = None
+    for line in lines:
+        ts = _line_value(line)
+        if ts != ts:  # NaN cannot be ordered; never "the newest"
             continue
-        if newest_busy is None or ts > newest_busy[1]:
-            newest_busy = (labels, ts)
-    if newest_any is None:
-        raise ScrapeError(
-            url, f"{name} has no series with a timestamp value", kind="invalid-value"
-        )
-    max_lora = _int_label(newest_any[0], "max_lora", name, url)
-    if newest_busy is not None:
-        labels = newest_busy[0]
-        return _split(labels.get(_RUNNING, "")), _split(labels.get(_WAITING, "")), max_lora
-    if previous is not None:
-        return previous.running_adapters, previous.waiting_adapters, max_lora
-    return (), (), max_lora
+        if newest is None or ts > newest[0]:
+            newest = (ts, line)
+        if (newest_busy is None or ts > newest_busy[0]) and not (
+            _EMPTY_RUNNING in line and _EMPTY_WAITING in line
+        ):
+            newest_busy = (ts, line)
+    if newest is None:
+        raise ScrapeError(url, f"{name} has no series with a timestamp value", kind="invalid-value")
+    newest_labels = _labels_of(newest[1], url, skipped)
+    max_lora = _int_label(newest_labels, "max_lora", name, url)
+    busy_labels = (
+        None if newest_busy is None
+        else newest_labels if newest_busy[1] is newest[1]
+        else _labels_of(newest_busy[1], url, skipped)
+    )
+    if busy_labels is None:
+        # Only empty series: nothing has run yet, or (older format) keep what ran last.
+        if previous is not None:
+            return _Lora(previous.running_adapters, previous.waiting_adapters, max_lora, "idle")
+        return _Lora(max_lora=max_lora, format="idle")
+    running = _split(busy_labels.get(_RUNNING, ""))
+    # Current vLLM writes the same list twice; older vLLM, disjoint running/waiting sets.
+    older = set(running) != set(_split(busy_labels.get(_WAITING, "")))
+    if older:
+        return _Lora(running, _split(busy_labels.get(_WAITING, "")), max_lora, "older")
+    return _Lora(running, (), max_lora, "current")
+
+
+def _labels_of(line: str, url: str, skipped: list[str]) -> dict[str, str]:
+    try:
+        for _, labels, _ in _parse_lines([line]):
+            return labels
+    except Exception as exc:
+        raise ScrapeError(url, f"not Prometheus text format: {exc}", kind="parse") from exc
+    return {}
 
 
 def _int_label(labels: dict[str, str], label: str, name: str, url: str) -> int:

@@ -30,13 +30,17 @@ from prometheus_client import Gauge
 
 from epick import abi, telemetry
 from epick.pool.errors import ScrapeError
-from epick.pool.parse import parse_metrics
+from epick.pool.parse import parse_page
 from epick.pool.spec import EndpointSpec
 from epick.scheduler.framework import EndpointInfo, PoolSnapshot
 
 __all__ = ["Pool", "EndpointStatus", "MAX_BACKOFF_MS"]
 
 log = logging.getLogger("epick.pool")
+
+#: How often an endpoint's ``/v1/models`` is read again (served models and adapters can
+#: change at run time: vLLM's dynamic LoRA loading, a restart with other flags).
+MODELS_REFRESH_S = 10.0
 
 #: Upper bound of the retry back-off after consecutive failed scrapes. The back-off
 #: doubles from ``scrape_interval_ms``; capped at 1 s so a recovered endpoint is back
@@ -69,8 +73,13 @@ class _Endpoint:
     info_fresh: EndpointInfo
     info_stale: EndpointInfo
     metrics: abi.EndpointMetrics | None = None
+    sleeping: bool = False
+    page_models: tuple[str, ...] = ()  # model_name labels on the last page
+    listed: tuple[frozenset[str], frozenset[str]] | None = None  # /v1/models: models, adapters
+    models_due: float = -math.inf  # event-loop time of the next /v1/models read
     last_success: float | None = None  # Pool.clock() of the last good scrape
     last_error: str | None = None
+    last_skipped: tuple[str, ...] = ()
     failures: int = 0
     busy: bool = False  # woken for a scrape that has not finished yet
     not_before: float = -math.inf  # event-loop time before which it is not scraped
@@ -90,13 +99,42 @@ class _Endpoint:
 
     def set_spec(self, spec: EndpointSpec) -> None:
         self.spec = spec
+        self.refresh_info()
+
+    def refresh_info(self) -> None:
+        """Rebuild the two EndpointInfo values from the spec and what the engine reported.
+
+        Pinned ``models``/``adapters`` win; else the engine's own word: ``/v1/models``
+        (base models and adapters) united with the page's ``model_name`` labels. Nothing
+        reported means any.
+        """
+        spec = self.spec
+        models = frozenset(spec.models) if spec.models is not None else None
+        adapters = frozenset(spec.adapters) if spec.adapters is not None else None
+        if spec.discover:
+            if models is None and (self.listed is not None or self.page_models):
+                models = frozenset(self.page_models) | (self.listed[0] if self.listed else frozenset())
+            if adapters is None and self.listed is not None:
+                adapters = self.listed[1]
         facts = dict(
-            models=frozenset(spec.models) if spec.models is not None else None,
-            adapters=frozenset(spec.adapters) if spec.adapters is not None else None,
+            models=models,
+            adapters=adapters,
             labels=tuple(sorted(spec.labels.items())),
+            sleeping=self.sleeping,
         )
         self.info_fresh = EndpointInfo(fresh=True, **facts)
         self.info_stale = EndpointInfo(fresh=False, **facts)
+
+
+class _Model(msgspec.Struct):
+    id: str
+    parent: str | None = None
+
+
+class _ModelList(msgspec.Struct):
+    """The part of an OpenAI ``/v1/models`` answer the pool reads."""
+
+    data: list[_Model]
 
 
 class Pool:
@@ -360,7 +398,7 @@ class Pool:
         url = ep.spec.url
         try:
             text = await self._fetch(client, url)
-            metrics = parse_metrics(
+            page = parse_page(
                 text,
                 engine=ep.spec.engine,
                 url=url,
@@ -372,12 +410,52 @@ class Pool:
             return
         if ep.failures:
             log.info("scrape of %s recovered after %d failures", ep.spec.address, ep.failures)
+        if page.skipped and page.skipped != ep.last_skipped:
+            log.warning("scrape of %s: left out %s", ep.spec.address, "; ".join(page.skipped))
+        ep.last_skipped = page.skipped
+        metrics = page.metrics
         # Keep the old object when nothing changed: publishing then compares by identity.
         if metrics != ep.metrics:
             ep.metrics = metrics
+        changed = page.sleeping != ep.sleeping or page.models != ep.page_models
+        if page.models != ep.page_models:
+            ep.models_due = -math.inf  # a new served name (a restart?): list again now
+        ep.sleeping, ep.page_models = page.sleeping, page.models
+        if ep.spec.discover and anyio.current_time() >= ep.models_due:
+            changed |= await self._list_models(ep, client)
+        if changed:
+            ep.refresh_info()
         ep.last_success = self._clock()
         ep.failures = 0
         ep.not_before = -math.inf
+
+    async def _list_models(self, ep: _Endpoint, client: aiohttp.ClientSession) -> bool:
+        """Read ``/v1/models``: base models (no ``parent``) and adapters (with one).
+
+        Best effort: a failure keeps what was listed before (or nothing) and retries
+        after :data:`MODELS_REFRESH_S`. Returns whether the listing changed.
+        """
+        ep.models_due = anyio.current_time() + MODELS_REFRESH_S
+        url = ep.spec.models_url
+        try:
+            with anyio.fail_after(self._timeout_s):
+                async with client.get(url, allow_redirects=False) as response:
+                    if response.status != 200:
+                        raise ValueError(f"HTTP {response.status}")
+                    body = msgspec.json.decode(await response.read(), type=_ModelList)
+        except (TimeoutError, aiohttp.ClientError, ValueError, msgspec.DecodeError) as exc:
+            if ep.listed is None:
+                log.debug("no model listing at %s (%s): serves any model", url, exc)
+            return False
+        models = frozenset(m.id for m in body.data if not m.parent)
+        adapters = frozenset(m.id for m in body.data if m.parent)
+        listed = (models, adapters)
+        if listed == ep.listed:
+            return False
+        ep.listed = listed
+        log.info("%s serves models %s, adapters %s", ep.spec.address,
+                 ", ".join(sorted(models)) or "-", ", ".join(sorted(adapters)) or "-")
+        return True
 
     def _failed(self, ep: _Endpoint, err: ScrapeError) -> None:
         ep.failures += 1

@@ -7,10 +7,15 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-__all__ = ["EndpointSpec", "Engine", "ENGINES"]
+__all__ = ["EndpointSpec", "Engine", "ENGINES", "METRICS_PATH"]
 
 Engine = Literal["vllm", "sglang", "trtllm"]
 ENGINES: tuple[str, ...] = ("vllm", "sglang", "trtllm")
+
+#: Where each engine serves Prometheus text. trtllm-serve's ``/metrics`` is JSON iteration
+#: stats; its Prometheus page is ``/prometheus/metrics`` (mounted with
+#: ``return_perf_metrics``; queue/KV gauges need ``enable_iter_perf_stats``).
+METRICS_PATH: dict[str, str] = {"vllm": "/metrics", "sglang": "/metrics", "trtllm": "/prometheus/metrics"}
 
 
 class EndpointSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -23,14 +28,17 @@ class EndpointSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     address: str
     """``host:port`` the gateway routes to, e.g. ``10.0.0.7:8000`` or ``[::1]:8000``."""
     metrics_url: str | None = None
-    """Where to scrape; ``None`` means ``http://{address}/metrics``."""
+    """Where to scrape; ``None`` means ``http://{address}`` + the engine's metrics path
+    (``/metrics``; ``/prometheus/metrics`` for trtllm)."""
     engine: Engine = "vllm"
     """Which model server, hence which metric names (DESIGN.md "Model-server metrics")."""
     labels: dict[str, str] = {}
     models: list[str] | None = None
-    """Models it serves; ``None`` = any."""
+    """Models it serves; ``None`` = what the engine reports (page labels, ``/v1/models``)."""
     adapters: list[str] | None = None
-    """LoRA adapters pinned to it; ``None`` = any adapter may be loaded."""
+    """LoRA adapters pinned to it; ``None`` = what the engine reports (``/v1/models``)."""
+    discover: bool = True
+    """Learn served models and adapters from the engine when not pinned."""
 
     def __post_init__(self) -> None:
         _check_address(self.address)
@@ -51,7 +59,13 @@ class EndpointSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     @property
     def url(self) -> str:
         """The effective metrics URL."""
-        return self.metrics_url or f"http://{self.address}/metrics"
+        return self.metrics_url or f"http://{self.address}{METRICS_PATH[self.engine]}"
+
+    @property
+    def models_url(self) -> str:
+        """The OpenAI ``/v1/models`` listing, on the serving address."""
+        scheme = urlsplit(self.metrics_url).scheme if self.metrics_url else "http"
+        return f"{scheme}://{self.address}/v1/models"
 
 
 def _check_address(address: str) -> None:

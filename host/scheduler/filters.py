@@ -1,7 +1,7 @@
 """Host filters: the hard rules every request passes before any policy scores it.
 
 Each is a :class:`~epick.scheduler.framework.FilterPlugin` and runs in this order:
-``fresh`` -> ``serves-model`` -> ``admission``. They read only the cycle's snapshot.
+``fresh`` -> ``awake`` -> ``serves-model`` -> ``admission``. They read only the cycle's snapshot.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from epick.abi import Criticality
 from epick.scheduler.framework import Cycle
 
-__all__ = ["FreshFilter", "ServesModelFilter", "AdmissionFilter"]
+__all__ = ["FreshFilter", "AwakeFilter", "ServesModelFilter", "AdmissionFilter"]
 
 
 class FreshFilter:
@@ -27,8 +27,21 @@ class FreshFilter:
         return tuple(i for i in candidates if info[i].fresh)
 
 
+class AwakeFilter:
+    """Drop endpoints whose engine reports it is asleep (queue 0 and KV 0 would attract)."""
+
+    name = "awake"
+
+    def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        pool = cycle.pool
+        if not pool.any_sleeping:
+            return candidates
+        info = pool.info
+        return tuple(i for i in candidates if not info[i].sleeping)
+
+
 class ServesModelFilter:
-    """Keep endpoints that serve the model and, where the config pins adapters, the adapter."""
+    """Keep endpoints that serve the model and adapter (pinned by config or engine-reported)."""
 
     name = "serves-model"
 

@@ -47,10 +47,12 @@ class EndpointInfo:
     fresh: bool = True
     """Its last good scrape is younger than ``stale_after_ms``."""
     models: frozenset[str] | None = None
-    """Models it serves; ``None`` = any."""
+    """Models it serves (pinned by config, else reported by the engine); ``None`` = any."""
     adapters: frozenset[str] | None = None
-    """Adapters pinned to it by config; ``None`` = any adapter may be loaded."""
+    """Adapters it serves (pinned, else reported by the engine); ``None`` = any."""
     labels: tuple[tuple[str, str], ...] = ()
+    sleeping: bool = False
+    """The engine reports it is asleep (vLLM sleep mode): never a candidate."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,8 @@ class PoolSnapshot:
     """Indices of the fresh endpoints (precomputed: the host filters' fast path)."""
     restricted: bool = False
     """Some endpoint serves only listed models or adapters."""
+    any_sleeping: bool = False
+    """Some endpoint is asleep (the awake filter's fast path)."""
 
     @property
     def version(self) -> int:
@@ -90,6 +94,7 @@ class PoolSnapshot:
             info=info,
             fresh=tuple(i for i, e in enumerate(info) if e.fresh),
             restricted=any(e.models is not None or e.adapters is not None for e in info),
+            any_sleeping=any(e.sleeping for e in info),
         )
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from epick import abi
 from epick.abi import Criticality
-from epick.scheduler.filters import AdmissionFilter, FreshFilter, ServesModelFilter
+from epick.scheduler.filters import AdmissionFilter, AwakeFilter, FreshFilter, ServesModelFilter
 from epick.scheduler.framework import Cycle, PluginError, PoolSnapshot
 from epick.scheduler.picker import MaxScorePicker, Picker
 from epick.scheduler.policyset import PolicySet
@@ -150,7 +150,7 @@ class Scheduler:
         self._pool = pool
         self.policies = policies
         self.fallbacks = fallbacks
-        self.host_filters = (FreshFilter(), ServesModelFilter())
+        self.host_filters = (FreshFilter(), AwakeFilter(), ServesModelFilter())
         self.admission = admission
         self.picker = picker or MaxScorePicker()
         self.recorder = recorder or _NullRecorder()
@@ -303,10 +303,13 @@ class Scheduler:
             return "no endpoint has reported metrics yet"
         if not any(i.fresh for i in pool.info):
             return "no endpoint has fresh metrics (all stale)"
+        live = [i for i in pool.info if i.fresh and not i.sleeping]
+        if not live:
+            return "every endpoint with fresh metrics is asleep"
         what = f"model {request.model!r}"
         if request.adapter:
             what += f" with adapter {request.adapter!r}"
-        return f"no fresh endpoint serves {what}"
+        return f"no fresh endpoint serves {what}; {_served(live)}"
 
     @staticmethod
     def _explain(endpoints, candidates, totals, per_policy, order, why,
@@ -391,3 +394,17 @@ class Scheduler:
 def random_seed() -> int:
     """A fresh u64 seed for a request that brought none."""
     return random.getrandbits(64)
+
+
+def _served(live) -> str:
+    """What the fresh, awake endpoints serve, for an UNAVAILABLE message."""
+
+    def names(sets) -> str:
+        known = sorted(set().union(*(x for x in sets if x is not None)))
+        text = ", ".join(known) if known else "(none)"
+        if any(x is None for x in sets):
+            text += " (and endpoints that do not say)"
+        return text
+
+    return (f"the fleet serves models: {names([i.models for i in live])}; "
+            f"adapters: {names([i.adapters for i in live])}")

@@ -23,7 +23,7 @@ def wait_for(predicate, timeout=5.0, step=0.02):
 
 
 def pick(svc, **kw):
-    kw.setdefault("model", "meta-llama/Llama-3.1-8B-Instruct")
+    kw.setdefault("model", "m")
     return svc.picker.Pick(pb.PickRequest(**kw), timeout=5)
 
 

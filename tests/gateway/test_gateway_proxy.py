@@ -176,7 +176,7 @@ def test_a_refusing_primary_fails_over_to_the_next_fallback(fake_vllm, tmp_path)
 
 
 def test_shed_and_unavailable_become_429_and_503(fake_vllm, tmp_path):
-    busy = fake_vllm(vllm_page(waiting=50))
+    busy = fake_vllm(vllm_page(waiting=50, model=BASE))
     lt = LoopThread()
     try:
         with running(make_config([busy.address], policies=("load",), tmp=tmp_path)) as svc:

