@@ -2,6 +2,7 @@
 
     epick bench pick [--grpc]     per-pick cost: in process (WASM vs Python) or over gRPC
     epick bench quality           routing quality on the simulated fleet
+    epick bench real              routing quality on real vLLM-CPU replicas (.venv-vllm)
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ def main(argv: list[str]) -> int:
         from epick.bench.quality import main as quality_main
 
         return quality_main(rest)
-    print(f"epick bench: unknown benchmark {cmd!r}; expected 'pick' or 'quality'",
+    if cmd == "real":
+        from epick.bench.real import main as real_main
+
+        return real_main(rest)
+    print(f"epick bench: unknown benchmark {cmd!r}; expected 'pick', 'quality' or 'real'",
           file=sys.stderr)
     return 2
