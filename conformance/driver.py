@@ -106,34 +106,44 @@ class Driver:
         else:
             self._call(self.instance.filter, blob, len(everyone))
 
-    def score_input(self, snap: abi.Snapshot, request: abi.Request, candidates) -> bytes:
-        """The ``ScoreInput`` bytes for ``snap`` — delivering it first when resident."""
+    def score_input(self, snap: abi.Snapshot, request: abi.Request, candidates,
+                    assigned: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())) -> bytes:
+        """The ``ScoreInput`` bytes for ``snap`` — delivering it first when resident.
+
+        ``assigned`` = (in_flight, picked_since_scrape) per candidate (empty = all 0).
+        """
         candidates = tuple(candidates)
+        in_flight, since = assigned
         if self.resident:
             if self._snapshot is not snap:
                 self.snapshot(snap)
-            return self._encode(abi.ScoreInput(snapshot=None, request=request, candidates=candidates))
+            return self._encode(abi.ScoreInput(snapshot=None, request=request, candidates=candidates,
+                                               in_flight=in_flight, picked_since_scrape=since))
         self._snapshot = snap
-        return self._encode(abi.ScoreInput(snapshot=snap, request=request, candidates=candidates))
+        return self._encode(abi.ScoreInput(snapshot=snap, request=request, candidates=candidates,
+                                           in_flight=in_flight, picked_since_scrape=since))
 
     def forget_snapshot(self) -> None:
         """Deliver the next snapshot again even if unchanged (after ``init`` reset it)."""
         self._snapshot = None
 
-    def call(self, snap: abi.Snapshot, request: abi.Request, candidates) -> np.ndarray:
+    def call(self, snap: abi.Snapshot, request: abi.Request, candidates,
+             assigned=((), ())) -> np.ndarray:
         """The export chosen by ``use``: scores, or a keep-mask."""
         if self.use == "score":
-            return self.score(snap, request, candidates)
-        return self.filter(snap, request, candidates)
+            return self.score(snap, request, candidates, assigned)
+        return self.filter(snap, request, candidates, assigned)
 
-    def score(self, snap: abi.Snapshot, request: abi.Request, candidates) -> np.ndarray:
+    def score(self, snap: abi.Snapshot, request: abi.Request, candidates,
+              assigned=((), ())) -> np.ndarray:
         candidates = tuple(candidates)
-        blob = self.score_input(snap, request, candidates)
+        blob = self.score_input(snap, request, candidates, assigned)
         return np.asarray(self._call(self.instance.score, blob, len(candidates)), dtype=np.float64)
 
-    def filter(self, snap: abi.Snapshot, request: abi.Request, candidates) -> np.ndarray:
+    def filter(self, snap: abi.Snapshot, request: abi.Request, candidates,
+               assigned=((), ())) -> np.ndarray:
         candidates = tuple(candidates)
-        blob = self.score_input(snap, request, candidates)
+        blob = self.score_input(snap, request, candidates, assigned)
         return np.asarray(self._call(self.instance.filter, blob, len(candidates)), dtype=bool)
 
     def pre_request(self, event: abi.PreRequestEvent) -> None:

@@ -156,9 +156,9 @@ def run_case(module, loaded: LoadedCase) -> CaseResult:
         call = case.expect.call
         try:
             if call == "score":
-                got = driver.score(snap, request, case.candidate_indices)
+                got = driver.score(snap, request, case.candidate_indices, case.assigned)
             else:
-                got = driver.filter(snap, request, case.candidate_indices)
+                got = driver.filter(snap, request, case.candidate_indices, case.assigned)
         except Exception as exc:
             raise _StepError(call, exc) from exc
     except _StepError as exc:

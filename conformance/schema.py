@@ -166,10 +166,21 @@ class Case(_Table, kw_only=True):
     params: dict[str, Any] = {}
     before: tuple[Event, ...] = ()
     candidates: tuple[NonNegInt, ...] | None = None
+    in_flight: tuple[NonNegInt, ...] = ()
+    """Per candidate: what the host has in flight there (ScoreInput.in_flight); () = 0s."""
+    picked_since_scrape: tuple[NonNegInt, ...] = ()
+    """Per candidate: picks since its last scrape (ScoreInput.picked_since_scrape)."""
     expect: Expect
 
     def __post_init__(self) -> None:
         n_endpoints = len(self.snapshot.endpoints)
+        for field_name in ("in_flight", "picked_since_scrape"):
+            given = getattr(self, field_name)
+            if given and len(given) != len(self.candidate_indices):
+                raise ValueError(
+                    f"case {self.name!r}: {field_name} has {len(given)} values for "
+                    f"{len(self.candidate_indices)} candidates"
+                )
         for c in self.candidates or ():
             if c >= n_endpoints:
                 raise ValueError(
@@ -197,6 +208,10 @@ class Case(_Table, kw_only=True):
                 f"case {self.name!r}: expect.why has {len(e.why)} entries for {n} "
                 "candidates (give one per candidate, or a single string)"
             )
+
+    @property
+    def assigned(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return self.in_flight, self.picked_since_scrape
 
     @property
     def candidate_indices(self) -> tuple[int, ...]:

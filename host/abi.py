@@ -115,6 +115,12 @@ class ScoreInput(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     request: Request = Request()
     candidates: tuple[int, ...] = ()
     """Indices into ``snapshot.endpoints``; one result per candidate, in this order."""
+    in_flight: tuple[int, ...] = ()
+    """Per candidate: requests the host picked it for and has not seen complete (its own
+    count, fresh at every pick). Empty = all 0."""
+    picked_since_scrape: tuple[int, ...] = ()
+    """Per candidate: picks since its last good scrape — work its metrics cannot show yet.
+    Empty = all 0."""
 
 
 class PreRequestEvent(msgspec.Struct, array_like=True, frozen=True, kw_only=True):

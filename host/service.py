@@ -119,8 +119,6 @@ class Service:
             Path.home() / ".cache" / "epick")
         self.runtime = Runtime(limits=_limits(config), cache_dir=cache)
         pc = config.pool
-        self.pool = Pool(pc.endpoints, scrape_interval_ms=pc.scrape_interval_ms,
-                         stale_after_ms=pc.stale_after_ms, timeout_ms=pc.timeout_ms)
         self.scheduler = Scheduler(
             lambda: self.pool.snapshot,
             fallbacks=config.server.fallbacks,
@@ -130,6 +128,9 @@ class Service:
             decision_ttl_s=config.server.decision_ttl_s,
             max_decisions=config.server.max_decisions,
         )
+        self.pool = Pool(pc.endpoints, scrape_interval_ms=pc.scrape_interval_ms,
+                         stale_after_ms=pc.stale_after_ms, timeout_ms=pc.timeout_ms,
+                         on_scrape=self.scheduler.assignments.scraped)
         self.manager = PolicyManager(
             self.runtime, self.scheduler,
             require_conformance=config.admin.require_conformance,

@@ -17,20 +17,35 @@ import xxhash
 from epick import abi
 from epick.scheduler.framework import Cycle
 
-__all__ = ["PyLoad", "PyLoraAffinity", "PyPrefixCache"]
+__all__ = ["PyLoad", "PyLoraAffinity", "PyPrefixCache", "work"]
+
+
+def work(cycle: Cycle, candidates: tuple[int, ...]) -> np.ndarray:
+    """The SDK's ``ctx.work``: max(running + waiting + unseen, in_flight), unseen = the
+    picks since the scrape that are still in flight."""
+    eps = cycle.pool.snapshot.endpoints
+    a = cycle.assignments
+    out = np.empty(len(candidates))
+    for k, i in enumerate(candidates):
+        e = eps[i]
+        inflight = a.in_flight(e.address) if a else 0
+        unseen = min(a.picked_since_scrape(e.address), inflight) if a else 0
+        out[k] = max(max(e.running, 0) + max(e.waiting, 0) + unseen, inflight)
+    return out
 
 
 class PyLoad:
-    """queue score (max−q)/(max−min), kv score 1−kv, combined by weights."""
+    """queue score (max−q)/(max−min), kv score 1−kv, work score s/(s+w), by weights."""
 
     is_filter = False
     is_scorer = True
     has_pre_request = False
     has_post_response = False
 
-    def __init__(self, name: str = "load", queue_weight: float = 1.0, kv_weight: float = 1.0):
+    def __init__(self, name: str = "load", queue_weight: float = 1.0, kv_weight: float = 1.0,
+                 work_weight: float = 2.0, work_scale: float = 8.0):
         self.name = name
-        self.wq, self.wkv = queue_weight, kv_weight
+        self.wq, self.wkv, self.ww, self.scale = queue_weight, kv_weight, work_weight, work_scale
 
     def score(self, cycle: Cycle, candidates: tuple[int, ...]) -> np.ndarray:
         eps = cycle.pool.snapshot.endpoints
@@ -39,7 +54,8 @@ class PyLoad:
         lo, hi = (q.min(), q.max()) if len(q) else (0.0, 0.0)
         qs = np.ones_like(q) if hi == lo else (hi - q) / (hi - lo)
         kvs = 1.0 - np.clip(kv, 0.0, 1.0)
-        return (self.wq * qs + self.wkv * kvs) / (self.wq + self.wkv)
+        ws = self.scale / (self.scale + work(cycle, candidates))
+        return (self.wq * qs + self.wkv * kvs + self.ww * ws) / (self.wq + self.wkv + self.ww)
 
 
 class PyLoraAffinity:
@@ -50,8 +66,9 @@ class PyLoraAffinity:
     has_pre_request = True
     has_post_response = True
 
-    def __init__(self, name: str = "lora-affinity"):
+    def __init__(self, name: str = "lora-affinity", max_imbalance: int = 16):
         self.name = name
+        self.max_imbalance = max_imbalance
         self.history: dict[tuple[str, str], int] = {}
 
     def score(self, cycle: Cycle, candidates: tuple[int, ...]) -> np.ndarray:
@@ -60,18 +77,30 @@ class PyLoraAffinity:
             return np.ones(len(candidates))
         eps = cycle.pool.snapshot.endpoints
         out = np.zeros(len(candidates))
+        load = work(cycle, candidates)
         for k, i in enumerate(candidates):
             e = eps[i]
             running = set(e.running_adapters)
-            running.update(a for (a, ep), n in self.history.items() if ep == e.address and n > 0)
+            history = {a for (a, ep), n in self.history.items() if ep == e.address and n > 0}
             waiting = set(e.waiting_adapters)
+            deferring = e.deferred > 0  # history the engine does not list is what waits
+            in_r = adapter in running or (adapter in history and not deferring)
+            w = len(waiting)
+            anonymous = 0
+            if deferring:
+                w += len(history - running - waiting)
+                if w == 0:
+                    anonymous = w = 1
             m = e.max_lora
-            if adapter in running and not waiting:
+            if in_r and w == 0:
                 out[k] = 1.0
-            elif len(running | waiting) < m:
+            elif len(running | waiting | history) + anonymous < m:
                 out[k] = 0.75
-            elif waiting and m > 0:
-                out[k] = 0.5 * (1 - min(len(waiting), m) / m)
+            elif w > 0 and m > 0:
+                out[k] = 0.5 * (1 - min(w, m) / m)
+            if (out[k] > 0.75 and self.max_imbalance >= 0
+                    and load[k] - load.min() > self.max_imbalance):
+                out[k] = 0.75
         return out
 
     def pre_request(self, cycle: Cycle, endpoint: str) -> None:
@@ -94,8 +123,9 @@ class PyPrefixCache:
     has_post_response = False
 
     def __init__(self, name: str = "prefix-cache", block_size: int = 64, max_blocks: int = 256,
-                 lru_capacity: int = 31_250):
+                 lru_capacity: int = 31_250, max_imbalance: int = 8):
         self.name = name
+        self.max_imbalance = max_imbalance
         self.block_size, self.max_blocks, self.capacity = block_size, max_blocks, lru_capacity
         self.lru: dict[str, OrderedDict[int, None]] = {}
         self._last: tuple[str, list[int]] = ("", [])
@@ -127,9 +157,10 @@ class PyPrefixCache:
         if not hashes:
             return out
         eps = cycle.pool.snapshot.endpoints
+        w = work(cycle, candidates)
         for k, i in enumerate(candidates):
             lru = self.lru.get(eps[i].address)
-            if not lru:
+            if not lru or (self.max_imbalance >= 0 and w[k] - w.min() > self.max_imbalance):
                 continue
             matched = 0
             for h in hashes:

@@ -192,7 +192,7 @@ async def _run_one(router: str, reqs, replicas, model: str, epick_target: str | 
         t0 = time.perf_counter()
         try:
             ttft, n = await _send(http, address, req.adapter or model, req)
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             ttft, n = None, 0
         if ttft is None:
             res.errors += 1

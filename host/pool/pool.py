@@ -153,6 +153,9 @@ class Pool:
         Bound on one fetch, connect to last byte.
     clock, wall_clock:
         Monotonic seconds (scrape ages, freshness) and Unix seconds (snapshot timestamp).
+    on_scrape:
+        Called with the address after every good scrape (the scheduler's
+        :class:`~epick.scheduler.assignments.Assignments` resets "picks since scrape").
 
     Threading: :attr:`snapshot` may be read from any thread (one attribute read of an
     immutable object). Everything else must be called from the event loop thread that
@@ -168,6 +171,7 @@ class Pool:
         timeout_ms: float = 5000,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        on_scrape: Callable[[str], None] | None = None,
     ) -> None:
         for name, value in (
             ("scrape_interval_ms", scrape_interval_ms),
@@ -182,6 +186,7 @@ class Pool:
         self._timeout_ms = timeout_ms
         self._clock = clock
         self._wall_clock = wall_clock
+        self._on_scrape = on_scrape
 
         self._endpoints: dict[str, _Endpoint] = {}
         self._snapshot = PoolSnapshot.build(abi.Snapshot(version=0, timestamp_ms=0))
@@ -428,6 +433,8 @@ class Pool:
         ep.last_success = self._clock()
         ep.failures = 0
         ep.not_before = -math.inf
+        if self._on_scrape is not None:
+            self._on_scrape(ep.spec.address)
 
     async def _list_models(self, ep: _Endpoint, client: aiohttp.ClientSession) -> bool:
         """Read ``/v1/models``: base models (no ``parent``) and adapters (with one).

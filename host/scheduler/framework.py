@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from epick import abi
+from epick.scheduler.assignments import Assignments
 
 __all__ = [
     "PoolSnapshot",
@@ -107,6 +108,8 @@ class Cycle:
 
     pool: PoolSnapshot
     request: abi.Request
+    assignments: Assignments | None = None
+    """What the host has sent where (``ScoreInput.in_flight`` / ``picked_since_scrape``)."""
     _inputs: dict[tuple[bool, tuple[int, ...]], bytes] = field(default_factory=dict)
     data: dict[str, object] = field(default_factory=dict)
     """Free-form per-cycle data, keyed by plugin name (kube's CycleState)."""
@@ -120,11 +123,17 @@ class Cycle:
         key = (inline_snapshot, candidates)
         blob = self._inputs.get(key)
         if blob is None:
+            in_flight = since = ()
+            if self.assignments:
+                eps = self.pool.snapshot.endpoints
+                in_flight, since = self.assignments.of([eps[i].address for i in candidates])
             blob = abi.encoder.encode(
                 abi.ScoreInput(
                     snapshot=self.pool.snapshot if inline_snapshot else None,
                     request=self.request,
                     candidates=candidates,
+                    in_flight=in_flight,
+                    picked_since_scrape=since,
                 )
             )
             self._inputs[key] = blob

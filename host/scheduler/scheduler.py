@@ -28,6 +28,7 @@ import numpy as np
 
 from epick import abi
 from epick.abi import Criticality
+from epick.scheduler.assignments import Assignments
 from epick.scheduler.filters import AdmissionFilter, AwakeFilter, FreshFilter, ServesModelFilter
 from epick.scheduler.framework import Cycle, PluginError, PoolSnapshot
 from epick.scheduler.picker import MaxScorePicker, Picker
@@ -98,6 +99,8 @@ class CandidateScore:
     filtered_by: str = ""
     rank: int = -1
     shadow_scores: dict[str, float] = field(default_factory=dict)
+    in_flight: int = 0
+    picked_since_scrape: int = 0
 
 
 @dataclass(slots=True)
@@ -158,6 +161,7 @@ class Scheduler:
         self.max_decisions = max_decisions
         self._clock = clock
         self._wall_clock = wall_clock
+        self.assignments = Assignments()
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
         self._by_request: dict[str, str] = {}
         self._ids = itertools.count(1)
@@ -176,7 +180,7 @@ class Scheduler:
         t_start = perf()
         pool = self._pool()
         policies = self.policies  # one read: a concurrent swap cannot split this pick
-        cycle = Cycle(pool=pool, request=request)
+        cycle = Cycle(pool=pool, request=request, assignments=self.assignments)
         endpoints = pool.snapshot.endpoints
         candidates = tuple(range(len(endpoints)))
         why: dict[int, str] | None = {} if explain else None
@@ -261,6 +265,11 @@ class Scheduler:
             decision.explanation = self._explain(
                 endpoints, candidates, totals, per_policy, order, why or {}, shadow_scores
             )
+            for row in decision.explanation:
+                # as the policies saw them: before this pick was counted
+                row.in_flight = self.assignments.in_flight(row.endpoint) - (row.endpoint == endpoint)
+                row.picked_since_scrape = (self.assignments.picked_since_scrape(row.endpoint)
+                                           - (row.endpoint == endpoint))
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "decision %s request=%s model=%s adapter=%s -> %s fallbacks=%s snapshot=%d",
@@ -338,8 +347,10 @@ class Scheduler:
             if oldest.expires > now and len(pending) < self.max_decisions:
                 break
             pending.popitem(last=False)
+            self.assignments.completed(oldest.endpoint)  # expired unreported
             if oldest.request_id and self._by_request.get(oldest.request_id) == oldest_id:
                 del self._by_request[oldest.request_id]
+        self.assignments.picked(endpoint)
         decision_id = f"{self._boot}-{next(self._ids):x}"
         pending[decision_id] = _Pending(
             request.request_id, request.model, request.adapter, endpoint,
@@ -368,6 +379,7 @@ class Scheduler:
             return False
         if rec.request_id and self._by_request.get(rec.request_id) == decision_id:
             del self._by_request[rec.request_id]
+        self.assignments.completed(rec.endpoint)  # the one whose count the pick raised
         event = abi.PostResponseEvent(
             request_id=rec.request_id,
             adapter=rec.adapter,

@@ -44,6 +44,10 @@ pub const Params = struct {
     use_history: bool = true,
     reconcile_interval_ms: i64 = 1000,
     request_ttl_ms: i64 = 600_000,
+    /// Affinity bounded by load (profile "seed"): a candidate whose work (ctx.work)
+    /// exceeds the least-loaded candidate's by more than this drops from the running tier
+    /// to the room tier, so an idle replica that can load the adapter wins. Negative = never.
+    max_imbalance: i64 = 16,
 
     pub fn check(p: *const Params) sdk.Error!void {
         const tiers = .{ "score_running", "score_room", "score_waiting_max", "score_other" };
@@ -369,9 +373,12 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
     const history = cfg.use_history and endpoints.count() > 0;
     if (history and (by_index_dirty or by_index_version != ctx.snapshot.version or by_index.items.len != ctx.snapshot.endpoints.len))
         try rebuildIndex(ctx.snapshot);
-    for (out, ctx.candidates) |*o, c| {
+    const min_work = if (cfg.max_imbalance >= 0) ctx.minWork() else 0;
+    for (out, ctx.candidates, 0..) |*o, c, i| {
         const st: ?*const EpState = if (history and by_index.items[c].inflight > 0) by_index.items[c] else null;
         o.* = seedScore(&ctx.snapshot.endpoints[c], st, adapter);
+        if (adapter.len > 0 and cfg.max_imbalance >= 0 and o.* > cfg.score_room and ctx.work(i) - min_work > cfg.max_imbalance)
+            o.* = cfg.score_room;
     }
 }
 

@@ -29,6 +29,10 @@ pub const Params = struct {
     max_blocks: i64 = 256,
     lru_capacity: i64 = 31_250,
     capacity_from_gpu_blocks: bool = false,
+    /// Affinity bounded by load: a candidate whose work (ctx.work) exceeds the least-loaded
+    /// candidate's by more than this scores 0, so load decides (SGLang's cache-aware router
+    /// does the same with its balance threshold). Negative = never.
+    max_imbalance: i64 = 8,
 
     pub fn check(p: *const Params) sdk.Error!void {
         if (p.block_size < 1 or p.block_size > 1 << 20) return sdk.fail("param 'block_size': {d} is not in [1, 1048576]", .{p.block_size});
@@ -166,7 +170,12 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
     if (by_index_version != ctx.snapshot.version or by_index.items.len != ctx.snapshot.endpoints.len)
         try onSnapshot(ctx.snapshot);
     const n: f64 = @floatFromInt(hashes.len);
-    for (out, ctx.candidates) |*o, c| {
+    const min_work = if (cfg.max_imbalance >= 0) ctx.minWork() else 0;
+    for (out, ctx.candidates, 0..) |*o, c, i| {
+        if (cfg.max_imbalance >= 0 and ctx.work(i) - min_work > cfg.max_imbalance) {
+            o.* = 0;
+            continue;
+        }
         const lru = &by_index.items[c].lru;
         var k: usize = 0;
         while (k < hashes.len and lru.contains(hashes[k])) k += 1;

@@ -105,10 +105,33 @@ pub const ScoreCtx = struct {
     request: Request,
     /// Indices into `snapshot.endpoints`, checked to be in range.
     candidates: []const u32,
+    /// Per candidate (or empty = all 0): requests the host picked it for, not yet complete.
+    in_flight: []const i64 = &.{},
+    /// Per candidate (or empty = all 0): picks since its last good scrape.
+    picked_since_scrape: []const i64 = &.{},
 
     /// The endpoint of the i-th candidate.
     pub fn endpoint(c: *const ScoreCtx, i: usize) *const Endpoint {
         return &c.snapshot.endpoints[c.candidates[i]];
+    }
+
+    /// Requests the i-th candidate has, by the best evidence: its scraped running + waiting
+    /// plus the picks its scrape cannot show yet (those still in flight, when the host
+    /// sends in-flight counts), or the host's in-flight count if larger.
+    pub fn work(c: *const ScoreCtx, i: usize) i64 {
+        const e = c.endpoint(i);
+        var unseen: i64 = if (i < c.picked_since_scrape.len) @max(c.picked_since_scrape[i], 0) else 0;
+        const inflight: i64 = if (i < c.in_flight.len) @max(c.in_flight[i], 0) else 0;
+        if (c.in_flight.len > 0) unseen = @min(unseen, inflight); // a finished pick is no load
+        const seen = @as(i64, @max(e.running, 0)) +| @max(e.waiting, 0) +| unseen;
+        return @max(seen, inflight);
+    }
+
+    /// The smallest `work` over the candidates (0 when there are none).
+    pub fn minWork(c: *const ScoreCtx) i64 {
+        var best: i64 = std.math.maxInt(i64);
+        for (0..c.candidates.len) |i| best = @min(best, c.work(i));
+        return if (c.candidates.len == 0) 0 else best;
     }
 };
 
@@ -213,8 +236,22 @@ pub fn decodeScoreInputTail(r: *Reader, s: Strings, head: ScoreInputHead, snap: 
         }
         c.* = @intCast(v);
     }
-    if (head.elements > 3) try r.skipN("ScoreInput (trailing)", head.elements - 3);
-    return .{ .snapshot = snap, .request = q, .candidates = cands };
+    var in_flight: []const i64 = &.{};
+    var since: []const i64 = &.{};
+    if (head.elements > 3) in_flight = try perCandidate(r, s, "in_flight", m);
+    if (head.elements > 4) since = try perCandidate(r, s, "picked_since_scrape", m);
+    if (head.elements > 5) try r.skipN("ScoreInput (trailing)", head.elements - 5);
+    return .{ .snapshot = snap, .request = q, .candidates = cands, .in_flight = in_flight, .picked_since_scrape = since };
+}
+
+/// An array parallel to the candidates, or empty.
+fn perCandidate(r: *Reader, s: Strings, comptime what: []const u8, n: u32) Error![]const i64 {
+    const m = try r.arrayLen(what);
+    if (m == 0) return &.{};
+    if (m != n) return report.fail(what ++ " has {d} values for {d} candidates", .{ m, n });
+    const out = try s.arena.alloc(i64, m);
+    for (out) |*v| v.* = try r.int(what ++ "[]");
+    return out;
 }
 
 pub fn decodePreRequest(r: *Reader, s: Strings) Error!PreRequest {

@@ -146,9 +146,14 @@ def test_explain_gives_every_candidate_its_per_policy_scores(fake_vllm, serve):
     r = pick(svc, explain=True, seed=4)
     rows = {c.endpoint: c for c in r.explanation.candidates}
     assert rows[servers[1].address].scores["load"] == pytest.approx(1.0)
-    assert rows[servers[0].address].scores["load"] == pytest.approx(0.1)
+    # queue 0, kv 1 - 0.8, work 8 / (8 + 10): (0 + 0.2 + 2 * 8/18) / 4
+    assert rows[servers[0].address].scores["load"] == pytest.approx((0.2 + 2 * 8 / 18) / 4)
     assert rows[servers[1].address].rank == 0 and rows[servers[0].address].rank == 1
     assert r.explanation.snapshot_version >= 1
+    assert rows[servers[1].address].in_flight == 0  # as the policies saw it: before this pick
+    again = {c.endpoint: c for c in pick(svc, explain=True, seed=5).explanation.candidates}
+    assert again[servers[1].address].in_flight == 1
+    assert again[servers[0].address].in_flight == 0
 
 
 def test_prometheus_metrics_count_picks_by_outcome(fake_vllm, serve):

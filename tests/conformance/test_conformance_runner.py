@@ -9,7 +9,7 @@ from epick.conformance.runner import run_case
 
 WRONG = """
 kind = "load"
-params = { queue_weight = 1.0, kv_weight = 0.0 }
+params = { queue_weight = 1.0, kv_weight = 0.0, work_weight = 0.0 }
 
 [[case]]
 name = "mine/wrong-score"
@@ -86,7 +86,8 @@ def test_params_the_policy_refuses_are_an_error_naming_the_param(results):
 
     assert r.verdict == "error"
     assert r.why.startswith(
-        "mine/refused-params: init with params {'queue_weight': -1.0, 'kv_weight': 0.0}: "
+        "mine/refused-params: init with params {'queue_weight': -1.0, 'kv_weight': 0.0, "
+        "'work_weight': 0.0}: "
         "PolicyLoadError: policy 'load': init refused its params: param 'queue_weight': -1"
     )
 

@@ -14,12 +14,12 @@ from epick import abi
 from epick.conformance.driver import FUTURE_FIELDS, encode, encode_with_future_fields
 from epick.conformance.properties import PROPERTIES, run_properties
 
-SCORE_LINE = "o.* = (wq * queue + wkv * kv) / (wq + wkv);"
+SCORE_LINE = "o.* = (wq * queue + wkv * kv + ww * work) / (wq + wkv + ww);"
 
 BROKEN = {
     # 1.5 for everyone; traps on 0 candidates; spins on 1,024; leaks 512 bytes a call
     "unruly": [
-        (SCORE_LINE, "o.* = 1.5 + 0.0 * (wq * queue + wkv * kv) / (wq + wkv);"),
+        (SCORE_LINE, "o.* = 1.5 + 0.0 * (wq * queue + wkv * kv + ww * work) / (wq + wkv + ww);"),
         ("if (out.len == 0) return;",
          "_ = try sdk.gpa.alloc(u8, 512);\n    if (out.len == 0) @trap();\n"
          "    if (out.len == 1024) while (true) {};"),
@@ -28,7 +28,7 @@ BROKEN = {
     "stateful": [
         ("var wkv: f64 = 1.0;", "var wkv: f64 = 1.0;\nvar calls: f64 = 0;"),
         ("if (out.len == 0) return;", "calls += 1;\n    if (out.len == 0) return;"),
-        (SCORE_LINE, "o.* = @min(1.0, calls / 1e6 + 0.0 * (wq * queue + wkv * kv) / (wq + wkv));"),
+        (SCORE_LINE, "o.* = @min(1.0, calls / 1e6 + 0.0 * (wq * queue + wkv * kv + ww * work) / (wq + wkv + ww));"),
     ],
 }
 

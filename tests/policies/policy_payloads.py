@@ -21,12 +21,14 @@ def snap(endpoints: Iterable[abi.EndpointMetrics], *, version: int = 1, timestam
     return abi.Snapshot(version=version, timestamp_ms=timestamp_ms, endpoints=tuple(endpoints))
 
 
-def score_input(snapshot: abi.Snapshot | None, candidates: Iterable[int] | None = None, **request) -> bytes:
+def score_input(snapshot: abi.Snapshot | None, candidates: Iterable[int] | None = None,
+                in_flight=(), picked_since_scrape=(), **request) -> bytes:
     """A ScoreInput; candidates default to every endpoint of ``snapshot``."""
     if candidates is None:
         candidates = range(len(snapshot.endpoints)) if snapshot is not None else ()
     return abi.encoder.encode(
-        abi.ScoreInput(snapshot=snapshot, request=abi.Request(**request), candidates=tuple(candidates))
+        abi.ScoreInput(snapshot=snapshot, request=abi.Request(**request), candidates=tuple(candidates),
+                       in_flight=tuple(in_flight), picked_since_scrape=tuple(picked_since_scrape))
     )
 
 

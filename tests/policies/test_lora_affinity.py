@@ -216,7 +216,8 @@ def test_upstream_profile_keeps_no_history(policy):
         ({"reconcile_interval_ms": -1}, "param 'reconcile_interval_ms': -1 must be >= 0"),
         ({"use_history": 1}, "param 'use_history': expected a bool, got an int"),
         ({"max_lora": 4}, "unknown param 'max_lora' (known: profile, score_running, score_room, "
-         "score_waiting_max, score_other, use_history, reconcile_interval_ms, request_ttl_ms)"),
+         "score_waiting_max, score_other, use_history, reconcile_interval_ms, request_ttl_ms, "
+         "max_imbalance)"),
     ],
     ids=["unknown-profile", "tier-out-of-range", "tier-with-upstream", "negative-interval", "ill-typed", "unknown"],
 )
@@ -232,6 +233,7 @@ def test_describe_reports_every_default(policy):
     assert d.params == {
         "profile": "seed", "score_running": 1.0, "score_room": 0.75, "score_waiting_max": 0.5,
         "score_other": 0.0, "use_history": True, "reconcile_interval_ms": 1000, "request_ttl_ms": 600000,
+        "max_imbalance": 16,
     }
 
 

@@ -250,7 +250,8 @@ def test_describe_reports_every_default(policy):
     d = policy("prefix-cache").describe()
     assert (d.kind, d.params) == (
         "prefix-cache",
-        {"block_size": 64, "max_blocks": 256, "lru_capacity": 31_250, "capacity_from_gpu_blocks": False},
+        {"block_size": 64, "max_blocks": 256, "lru_capacity": 31_250, "capacity_from_gpu_blocks": False,
+         "max_imbalance": 8},
     )
 
 

@@ -87,10 +87,11 @@ def grown(value, depth_marker="future"):
 def test_unknown_trailing_elements_are_skipped(policy):
     plain = msgspec.to_builtins(abi.ScoreInput(snapshot=POOL, request=abi.Request(**REQUEST), candidates=(0, 1)))
     # grow the layouts (ScoreInput, Snapshot, each EndpointMetrics, Request), not the lists
-    snapshot, request, candidates = plain
+    snapshot, request, candidates, in_flight, since = plain
     snapshot = [*snapshot[:3], [[*e, 99] for e in snapshot[3]], "snapshot-extra"]
     request = [*request, ["request", "extra"]]
-    future = msgspec.msgpack.encode([snapshot, request, candidates, {"score-input": "extra"}])
+    future = msgspec.msgpack.encode([snapshot, request, candidates, in_flight, since,
+                                     {"score-input": "extra"}])
     for name in INPUTS:
         inst = policy(name)
         export = INPUTS[name]
@@ -99,7 +100,7 @@ def test_unknown_trailing_elements_are_skipped(policy):
 
 
 def test_missing_trailing_elements_take_the_abi_defaults(policy):
-    inst = policy("load")
+    inst = policy("load", work_weight=0)
     short = msgspec.msgpack.encode([[1, 1, 0, [["a:1", 4], ["b:1"]]], ["r"], [0, 1]])
     np.testing.assert_allclose(inst.score(short, 2), [0.5, 1.0])
 
@@ -146,4 +147,4 @@ def test_numbers_in_any_msgpack_width_are_read(policy):
     candidates = b"\x92\xcc\x00\xd3" + struct.pack(">q", 1)
     blob = b"\x93" + snapshot + b"\x90" + candidates  # the request: [] (all defaults)
     # queues 300 and 100 -> 0 and 1; kv 0.25 and 0.75 -> 0.75 and 0.25
-    np.testing.assert_allclose(policy("load").score(blob, 2), [0.375, 0.625])
+    np.testing.assert_allclose(policy("load", work_weight=0).score(blob, 2), [0.375, 0.625])

@@ -87,3 +87,15 @@ async def test_a_sleeping_engine_is_published_asleep_and_filtered_out(fake_vllm)
         asleep.page = page("vllm_idle.txt")  # it wakes up
         await settle(pool, lambda: not pool.snapshot.any_sleeping)
         tg.cancel_scope.cancel()
+
+
+async def test_every_good_scrape_is_reported_so_picks_since_scrape_reset(fake_vllm):
+    good, bad = fake_vllm(page("vllm_idle.txt")), fake_vllm("not a page")
+    seen: list[str] = []
+    pool = Pool([EndpointSpec(address=s.address) for s in (good, bad)], scrape_interval_ms=20,
+                clock=FakeClock(), on_scrape=seen.append)
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        await settle(pool, lambda: seen.count(good.address) >= 3)
+        tg.cancel_scope.cancel()
+    assert bad.address not in seen

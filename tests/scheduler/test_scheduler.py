@@ -157,8 +157,24 @@ def test_prefix_history_steers_the_same_prompt_back_to_the_same_endpoint():
     p = pool(*(ep(i) for i in range(4)))
     s = sched(p, PolicyEntry("prefix", PyPrefixCache()), PolicyEntry("load", PyLoad()))
     prompt = "You are a helpful assistant. " * 20
-    first = s.schedule(req(prompt=prompt, seed=1)).endpoint
-    assert all(s.schedule(req(prompt=prompt, seed=k)).endpoint == first for k in range(2, 30))
+    first = s.schedule(req(prompt=prompt, seed=1))
+    s.complete(decision_id=first.decision_id)
+    for k in range(2, 30):
+        d = s.schedule(req(prompt=prompt, seed=k))
+        assert d.endpoint == first.endpoint
+        s.complete(decision_id=d.decision_id)
+
+
+def test_prefix_affinity_yields_when_its_replica_is_far_busier_than_the_rest():
+    # affinity bounded by load: requests that never complete pile up on the home replica
+    # until it is more than max_imbalance (8) busier than an idle one; then load decides
+    p = pool(*(ep(i) for i in range(4)))
+    s = sched(p, PolicyEntry("prefix", PyPrefixCache()), PolicyEntry("load", PyLoad()))
+    prompt = "You are a helpful assistant. " * 20
+    picks = [s.schedule(req(prompt=prompt, seed=k)).endpoint for k in range(1, 30)]
+    home = picks[0]
+    assert picks[:9] == [home] * 9
+    assert len(set(picks)) > 1
 
 
 def test_completion_runs_post_response_once_and_unknown_ids_are_acknowledged():
@@ -204,7 +220,8 @@ def test_explain_lists_every_endpoint_with_scores_filter_and_rank():
     assert rows["10.0.0.2:8000"].rank == 0 and rows["10.0.0.1:8000"].rank == 1
     assert rows["10.0.0.2:8000"].scores == {"load": 1.0}
     assert rows["10.0.0.2:8000"].total == pytest.approx(2.0)
-    assert rows["10.0.0.1:8000"].scores["load"] == pytest.approx(0.5)  # (queue 0 + kv 1) / 2
+    # (queue 0 + kv 1 + 2 * work 8 / (8 + 10)) / 4
+    assert rows["10.0.0.1:8000"].scores["load"] == pytest.approx((1 + 2 * 8 / 18) / 4)
 
 
 def test_shadow_policy_scores_without_changing_the_pick():

@@ -1,0 +1,63 @@
+"""What the host sent where: the load signal that no scrape can be late for.
+
+Per endpoint address, two counts (the llm-d router and SGLang's router keep the same):
+
+- ``in_flight``: requests picked for it and not yet completed — down on ReportCompletion
+  (or the ext_proc stream's end), or when the decision expires unreported;
+- ``picked_since_scrape``: picks for it since its last good scrape, i.e. work its
+  metrics cannot show yet. The pool resets it on every good scrape.
+
+Both reach policies in ``ScoreInput`` (policies/ABI.md) so that a replica that was just
+given work stops looking idle before the next scrape (the herding the issue measured).
+Touched only from the event-loop thread, like the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["Assignments"]
+
+
+class Assignments:
+    def __init__(self) -> None:
+        self._in_flight: dict[str, int] = {}
+        self._since: dict[str, int] = {}
+
+    def picked(self, address: str) -> None:
+        self._in_flight[address] = self._in_flight.get(address, 0) + 1
+        self._since[address] = self._since.get(address, 0) + 1
+
+    def completed(self, address: str) -> None:
+        """One of its requests ended (never below 0: a duplicate report is harmless)."""
+        n = self._in_flight.get(address, 0)
+        if n > 1:
+            self._in_flight[address] = n - 1
+        else:
+            self._in_flight.pop(address, None)
+
+    def scraped(self, address: str) -> None:
+        """A good scrape of ``address``: its metrics now show what it was given."""
+        self._since.pop(address, None)
+
+    def forget(self, address: str) -> None:
+        self._in_flight.pop(address, None)
+        self._since.pop(address, None)
+
+    def in_flight(self, address: str) -> int:
+        return self._in_flight.get(address, 0)
+
+    def picked_since_scrape(self, address: str) -> int:
+        return self._since.get(address, 0)
+
+    def of(self, addresses: Sequence[str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(in_flight, picked_since_scrape)`` for these addresses; both empty when
+        nothing is assigned. Both are given together, so a policy can tell "0 in flight"
+        from "no count sent" (``ctx.work`` does)."""
+        inf, since = self._in_flight, self._since
+        if not inf and not since:
+            return (), ()
+        return tuple(inf.get(x, 0) for x in addresses), tuple(since.get(x, 0) for x in addresses)
+
+    def __bool__(self) -> bool:
+        return bool(self._in_flight or self._since)
