@@ -133,6 +133,55 @@ def _scheduler(root: str, multiproc_dir: str, args: dict, dp_rank, ticks: list) 
             collector.observe_queue_time(latency)
 
 
+def _tokenizer(root: str, multiproc_dir: str, args: dict, requests: list) -> None:
+    """The HTTP/tokenizer process: TokenizerManager's collector and per-request calls."""
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir
+    _import_sglang(root)
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.observability.metrics_collector import (
+        TokenizerMetricsCollector,
+        tokenizer_metric_labels,
+    )
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs(model_path=_fake_model_dir(root), **args)
+    rc.publish(server_args, role="tokenizer")
+    obs = rc.get_observability()
+    # As TokenizerManager.init_metric_collector_watchdog (tokenizer_manager.py:835).
+    collector = TokenizerMetricsCollector(
+        server_args=server_args,
+        labels=tokenizer_metric_labels(),
+        bucket_time_to_first_token=obs.bucket_time_to_first_token,
+        bucket_e2e_request_latency=obs.bucket_e2e_request_latency,
+        bucket_inter_token_latency=obs.bucket_inter_token_latency,
+    )
+    for req in requests:
+        # As TokenizerManager.collect_metrics (tokenizer_manager.py:3219): the request's
+        # own priority replaces the "" default; there is no total series here.
+        labels = dict(collector.labels)
+        if server_args.enable_priority_scheduling and req.get("priority") is not None:
+            labels["priority"] = str(req["priority"])
+        collector.observe_time_to_first_token(labels, req["ttft"], stream=req["stream"])
+        collector.observe_inter_token_latency(labels, req["itl"] * req["out"], req["out"])
+        collector.observe_one_finished_request(
+            labels,
+            req["prompt"],
+            req["out"],
+            req["cached"],
+            req["e2e"],
+            False,
+            {"device": req["cached"], "host": 0},
+            is_streaming=req["stream"],
+            time_per_output_token=req["itl"],
+        )
+
+
+# Finished requests the tokenizer process observed (same on every page but priority).
+REQUESTS = [
+    dict(priority=0, ttft=0.094, itl=0.012, prompt=512, out=128, cached=256, e2e=1.63, stream=True),
+    dict(priority=5, ttft=0.41, itl=0.015, prompt=2048, out=256, cached=0, e2e=4.26, stream=False),
+]
+
 # Each page: ServerArgs kwargs, then per dp rank (None = no DP controller) the ticks.
 BASE = dict(
     served_model_name=MODEL,
@@ -181,15 +230,34 @@ PAGES = {
     "sglang_dp2.txt": (
         dict(BASE, dp_size=2),
         {
-            0: [dict(running={None: 5}, queue={None: 3}, token_usage=0.42,
-                     gen_throughput=401.2, utilization=0.81)],
-            1: [dict(running={None: 2}, queue={None: 0}, token_usage=0.17,
-                     gen_throughput=188.9, utilization=0.40)],
+            0: [
+                dict(
+                    running={None: 5},
+                    queue={None: 3},
+                    token_usage=0.42,
+                    gen_throughput=401.2,
+                    utilization=0.81,
+                )
+            ],
+            1: [
+                dict(
+                    running={None: 2},
+                    queue={None: 0},
+                    token_usage=0.17,
+                    gen_throughput=188.9,
+                    utilization=0.40,
+                )
+            ],
         },
     ),
     "sglang_lora.txt": (
-        dict(BASE, enable_lora=True, max_loras_per_batch=4, max_lora_rank=16,
-             lora_target_modules=["q_proj", "v_proj"]),
+        dict(
+            BASE,
+            enable_lora=True,
+            max_loras_per_batch=4,
+            max_lora_rank=16,
+            lora_target_modules=["q_proj", "v_proj"],
+        ),
         {
             None: [
                 dict(
@@ -209,13 +277,16 @@ def render(root: str, name: str, args: dict, ranks: dict) -> str:
     with tempfile.TemporaryDirectory(prefix="sgl-prom-") as multiproc_dir:
         ctx = mp.get_context("spawn")
         for dp_rank, ticks in ranks.items():
-            proc = ctx.Process(
-                target=_scheduler, args=(root, multiproc_dir, args, dp_rank, ticks)
-            )
+            proc = ctx.Process(target=_scheduler, args=(root, multiproc_dir, args, dp_rank, ticks))
             proc.start()
             proc.join()
             if proc.exitcode != 0:
                 raise SystemExit(f"{name}: scheduler dp_rank={dp_rank} exited {proc.exitcode}")
+        proc = ctx.Process(target=_tokenizer, args=(root, multiproc_dir, args, REQUESTS))
+        proc.start()
+        proc.join()
+        if proc.exitcode != 0:
+            raise SystemExit(f"{name}: tokenizer process exited {proc.exitcode}")
         # The parent serves /metrics like add_prometheus_middleware (utils/common.py:2843).
         from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
