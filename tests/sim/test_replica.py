@@ -1,8 +1,9 @@
 import msgspec
 import pytest
 
+from epick.pool.parse import parse_metrics
 from epick.sim.config import DEFAULT_CONFIG, ReplicaConfig
-from epick.sim.metrics import MetricsPage, parse_metrics
+from epick.sim.metrics import MetricsPage
 from epick.sim.replica import Replica, RequestRejected, Status
 
 cfg = DEFAULT_CONFIG
@@ -91,18 +92,23 @@ def test_an_adapter_still_in_host_memory_loads_fast(drain):
     assert (r.lora.loads, r.lora.disk_loads) == (3, 2)
 
 
-def test_requests_wait_for_a_slot_and_their_adapter_is_reported_waiting(drain):
-    r = Replica(_lora_cfg())
+@pytest.mark.parametrize("fmt, waiting_adapters", [("current", ()), ("older", ("b",))])
+def test_requests_wait_for_a_slot_and_are_reported_deferred(drain, fmt, waiting_adapters):
+    r = Replica(_lora_cfg(lora_metrics=fmt))
     a = r.submit("a1", "q" * 400, 200, now=0.0, adapter="a")
     b = r.submit("b1", "q" * 400, 5, now=0.0, adapter="b")
     base = r.submit("base", "q" * 400, 5, now=0.0)
     drain(r, until=0.6)
     assert (a.status, b.status, base.status) == (Status.RUNNING, Status.WAITING, Status.FINISHED)
+    assert (r.num_deferred, b.deferred, r.lora_adapters(), r.waiting_adapters()) == (1, True, ["a"], ["b"])
     page = MetricsPage(r, clock_origin=1e9)
-    m = parse_metrics(page.render(), "sim:1")
-    assert (m.running_adapters, m.waiting_adapters, m.waiting, m.max_lora) == (("a",), ("b",), 1, 1)
+    m = parse_metrics(page.render().decode(), engine="vllm", url="http://sim:1/metrics",
+                      previous=None)
+    assert (m.running_adapters, m.waiting_adapters, m.waiting, m.deferred, m.max_lora) == (
+        ("a",), waiting_adapters, 1, 1, 1)
     drain(r)
     assert b.first_token_at > a.finished_at  # b got the slot only once a was done
+    assert (r.num_deferred, b.deferred, r.lora_adapters()) == (0, False, [])
 
 
 def test_kv_exhaustion_preempts_the_latest_request_which_recomputes_later(drain):
