@@ -155,3 +155,56 @@ def test_duplicate_request_ids_in_flight_are_refused(drain):
     r.submit("x", "hi", 1, now=0.0)
     with pytest.raises(ValueError, match="request 'x' is already in flight on this replica"):
         r.submit("x", "hi", 1, now=0.0)
+
+
+def test_tracked_adapters_follow_vllms_lora_request_states(drain):
+    # An adapter is listed from its first admission until its last request leaves, in
+    # first-listed order; one that leaves and comes back goes to the end.
+    r = Replica(_lora_cfg(max_loras=2, max_cpu_loras=2))
+    r.submit("a1", "q" * 400, 100, now=0.0, adapter="a")
+    r.submit("b1", "q" * 400, 3, now=0.0, adapter="b")
+    drain(r, until=0.2)
+    assert r.lora_adapters() == ["a", "b"]
+    drain(r, until=0.5)  # b finished
+    assert r.lora_adapters() == ["a"]
+    r.submit("b2", "q" * 400, 100, now=0.5, adapter="b")
+    r.submit("c1", "q" * 400, 100, now=0.5, adapter="c")  # no slot: deferred, not listed
+    drain(r, until=0.8)
+    assert (r.lora_adapters(), r.num_deferred) == (["a", "b"], 1)
+    assert r.abort("c1") and r.num_deferred == 0
+    assert r.abort("a1")
+    assert r.lora_adapters() == ["b"]
+    drain(r)
+    assert r.lora_adapters() == []
+
+
+def test_a_preempted_request_keeps_its_adapter_listed(drain):
+    c = msgspec.structs.replace(cfg, num_gpu_blocks=10, max_loras=2)
+    r = Replica(c)
+    r.submit("old", "p" * 192, 60, now=0.0, adapter="a")
+    new = r.submit("new", "z" * 192, 60, now=0.0, adapter="b")
+    while new.preemptions == 0:
+        r.advance(r.next_event_time())
+    assert new.status is Status.WAITING
+    assert r.lora_adapters() == ["a", "b"]  # vLLM: PREEMPTED moves it to "waiting", still listed
+    drain(r)
+    assert r.lora_adapters() == []
+
+
+def test_sleep_aborts_everything_in_flight_and_level_0_keeps_the_prefix_cache(drain):
+    r = Replica(cfg)
+    prompt = "abcd" * 100
+    r.submit("warm", prompt, 2, now=0.0)
+    drain(r)
+    running = r.submit("running", "x" * 400, 100, now=1.0)
+    drain(r, until=1.03)
+    frontend = r.submit("frontend", "y" * 400, 100, now=1.03)
+    assert (running.status, frontend.status) == (Status.RUNNING, Status.PENDING)
+    assert set(r.sleep(level=0)) == {running, frontend}
+    assert {q.status for q in (running, frontend)} == {Status.ABORTED}
+    assert (r.num_in_flight, r.kv.usage, r.sleep_level) == (0, 0.0, 0)
+    again = r.submit("again", prompt, 2, now=2.0)
+    assert r.next_event_time() is None  # nothing is scheduled while asleep
+    r.wake_up()
+    drain(r)
+    assert again.output_tokens == 2 and again.cached_tokens > 0  # level 0: cache kept
