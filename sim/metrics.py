@@ -286,7 +286,8 @@ class MetricsPage:
         self._index: dict[tuple[str, str], int] = {}
         self._newest = -1
         self._newest_busy = -1
-        self._lines: dict[tuple[str, str], str] = {}
+        self._lines: dict[tuple[str, str], tuple[float, str]] = {}
+        """(running, waiting) -> (time, the sample line) last rendered."""
         self._rendered: PageState | None = None
         self._text = b""
 
@@ -379,13 +380,15 @@ class MetricsPage:
         return self._text
 
     def _lora_lines(self, series: tuple[tuple[str, str, float], ...], out: list[str]) -> None:
+        # Between two renders only the newest series' time moves: the other lines are reused.
         lines = self._lines
         for run, wait, ts in series:
-            prefix = lines.get((run, wait))
-            if prefix is None:
-                prefix = lines[(run, wait)] = (
-                    f'{self._lora_prefix}{_escape(run)}",waiting_lora_adapters="{_escape(wait)}"}} ')
-            out.append(f"{prefix}{floatToGoString(ts)}\n")
+            cached = lines.get((run, wait))
+            if cached is None or cached[0] != ts:
+                prefix = (cached[1][: cached[1].rindex(" ") + 1] if cached is not None else
+                          f'{self._lora_prefix}{_escape(run)}",waiting_lora_adapters="{_escape(wait)}"}} ')
+                cached = lines[(run, wait)] = (ts, f"{prefix}{floatToGoString(ts)}\n")
+            out.append(cached[1])
 
     # --- reading ----------------------------------------------------------------------
 
