@@ -298,8 +298,8 @@ class MetricsPage:
         combination gets the time ``at`` (replica time; default: the replica's last
         step boundary). Nothing is recorded before the replica's first step.
 
-        The HTTP driver calls this after every engine wake-up with the loop's time; the
-        virtual-time driver only at scrapes (what a reader sees differs only in which
+        The HTTP driver calls this after every engine event (step start or end) with its
+        time; the virtual-time driver only at scrapes (what a reader sees differs only in which
         short-lived label combinations are on the page)."""
         r = self._replica
         if not self._lora_on or r.steps == 0:

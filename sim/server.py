@@ -119,14 +119,17 @@ class ReplicaServer:
                 if delay > 0:
                     with anyio.move_on_after(delay):
                         await self._wake.wait()
+            # One engine event at a time, the LoRA series recorded after each, as vLLM
+            # records its stats after every step (a late wake-up must not skip a state).
             now = self.now()
-            out = replica.advance(now)
-            self.page.record(now)
-            for req, n, _at in out.emitted:
-                flow: _Flow = req.handle  # type: ignore[assignment]
-                flow.send.send_nowait(n)
-            for req in out.finished:
-                req.handle.send.close()  # type: ignore[union-attr]
+            while (t := replica.next_event_time()) is not None and t <= now:
+                out = replica.advance(t)
+                self.page.record(t)
+                for req, n, _at in out.emitted:
+                    flow: _Flow = req.handle  # type: ignore[assignment]
+                    flow.send.send_nowait(n)
+                for req in out.finished:
+                    req.handle.send.close()  # type: ignore[union-attr]
 
     # --- handlers --------------------------------------------------------------------
 
@@ -145,7 +148,6 @@ class ReplicaServer:
             return _error(400, "BadRequestError", f"level must be 0, 1 or 2, got {raw!r}")
         for req in self.replica.sleep(int(raw)):
             req.handle.send.close()  # type: ignore[union-attr]
-        self.page.record(self.now())
         self._wake.set()
         return web.json_response({"status": "sleeping", "level": int(raw)})
 

@@ -260,3 +260,20 @@ async def test_sleep_aborts_what_runs_serves_nothing_and_wake_up_resumes():
         bad = await client.post(f"{base}/sleep", params={"level": "7"})
         assert (bad.status_code, bad.json()["error"]["message"]) == (
             400, "level must be 0, 1 or 2, got '7'")
+
+
+async def test_a_late_engine_wake_up_still_records_every_step():
+    # vLLM records its LoRA stats after every step; a busy event loop that wakes the
+    # engine late must not skip the steps in between (the adapter ran: it is on the page).
+    async with running(msgspec.structs.replace(cfg, lora_metrics="older")) as (fleet, client):
+        address = fleet.addresses[0]
+        srv = fleet.replicas[0]
+        async with anyio.create_task_group() as tg:
+            body = {"model": "adapter-2", "prompt": "x" * 40, "max_tokens": 2}
+            tg.start_soon(lambda: client.post(f"http://{address}/v1/completions", json=body))
+            while srv.replica.num_in_flight == 0:
+                await anyio.sleep(0.001)
+            time.sleep(0.3)  # block the loop: every engine event is now overdue
+        assert srv.replica.finished == 1
+        text = (await client.get(f"http://{address}/metrics")).text
+        assert 'running_lora_adapters="adapter-2",waiting_lora_adapters=""' in text
