@@ -15,7 +15,7 @@ This package imports nothing from the epick host except :mod:`epick.abi`.
 
 from .config import DEFAULT_CONFIG, ReplicaConfig, load_config
 from .fleet import CLOCK_ORIGIN, CompletionListener, Fleet, FleetView, Router
-from .metrics import MetricsPage, parse_metrics
+from .metrics import MetricsPage, PageState
 from .replica import EngineRequest, Replica, RequestRejected
 from .results import ReplicaStats, RequestRecord, Results, Summary
 from .routers import LeastQueueRouter, RandomRouter, RoundRobinRouter
@@ -25,7 +25,7 @@ from .workload import SimRequest, adapter_names, multi_lora, shared_prefix, zero
 __all__ = [
     "DEFAULT_CONFIG", "ReplicaConfig", "load_config",
     "CLOCK_ORIGIN", "CompletionListener", "Fleet", "FleetView", "Router",
-    "MetricsPage", "parse_metrics",
+    "MetricsPage", "PageState",
     "EngineRequest", "Replica", "RequestRejected",
     "ReplicaStats", "RequestRecord", "Results", "Summary",
     "LeastQueueRouter", "RandomRouter", "RoundRobinRouter",

@@ -29,6 +29,8 @@ def _config(args: argparse.Namespace) -> ReplicaConfig:
         cfg = load_config(path.read_bytes(), source=str(path))
     if args.max_lora is not None:
         cfg = msgspec.structs.replace(cfg, max_loras=args.max_lora)
+    if args.lora_metrics is not None:
+        cfg = msgspec.structs.replace(cfg, lora_metrics=args.lora_metrics)
     return cfg
 
 
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--adapters", type=int, default=8, help="adapters adapter-0..N-1")
         p.add_argument("--max-lora", type=int, default=None, help="LoRA slots per replica")
         p.add_argument("--config", help="JSON ReplicaConfig file (unknown keys are errors)")
+        p.add_argument("--lora-metrics", choices=["current", "older"], default=None,
+                       help="lora_requests_info semantics (default: the config's, current)")
 
     s = sub.add_parser("serve", help="HTTP servers, one port per replica")
     fleet_args(s, 6)

@@ -8,7 +8,7 @@ decoding one with :func:`load_config`, which rejects unknown keys and names the 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -74,6 +74,13 @@ class ReplicaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ~20 ms). The whole step waits for it, as in vLLM."""
     lora_load_disk_s: _NonNeg = 0.150
     """Loading an adapter from local disk (DESIGN.md: 100 ms to seconds)."""
+    lora_metrics: Literal["current", "older"] = "current"
+    """What ``vllm:lora_requests_info`` means on the page. ``current`` (vLLM 0.1x, seen on
+    0.32): every adapter with an admitted in-flight request is written into BOTH
+    ``running_lora_adapters`` and ``waiting_lora_adapters``, and a request deferred for
+    want of a slot is in neither (it counts as ``num_requests_waiting_by_reason
+    {reason="deferred"}``). ``older``: disjoint sets — adapters of running requests,
+    adapters of queued ones (the queue split by reason is on the page either way)."""
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < self.block_size:

@@ -93,9 +93,10 @@ class FleetView:
         return text
 
     def metrics(self, i: int) -> EndpointMetrics:
-        """Replica ``i``'s last scrape as a router reads it (LoRA rule of DESIGN.md
-        applied): exactly what ``parse_metrics(metrics_text(i), previous=<the scrape
-        before>)`` gives, built from the captured state without the text round trip."""
+        """Replica ``i``'s last scrape as a router reads it: exactly what
+        ``epick.pool.parse.parse_metrics(metrics_text(i), engine="vllm", url=...,
+        previous=<the scrape before>, address=addresses[i])`` gives, built from the
+        captured state without the text round trip."""
         return self._parsed[i]
 
     def all_metrics(self) -> tuple[EndpointMetrics, ...]:

@@ -102,6 +102,17 @@ class KVCache:
             self._hash[block] = block_hash
             self._cached[block_hash] = block
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (vLLM's ``reset_prefix_cache``, done by sleep level >= 1).
+
+        Only when no block is referenced (the engine aborted everything first);
+        otherwise ``RuntimeError``."""
+        if len(self._free) != self.num_blocks:
+            raise RuntimeError(
+                f"cannot reset the prefix cache: {self.num_blocks - len(self._free)} blocks in use")
+        self._hash = [None] * self.num_blocks
+        self._cached.clear()
+
     def release(self, blocks: Sequence[int]) -> None:
         """Drop one reference on each block; unreferenced ones join the LRU tail."""
         ref, free = self._ref, self._free

@@ -26,6 +26,19 @@ The engine follows vLLM v1's scheduler, one step at a time:
    every request that has computed all its known tokens emits one output token; one that
    reaches ``max_tokens`` finishes and releases its blocks (hashed prompt blocks stay
    cached) and its adapter.
+
+What the engine reports for ``/metrics`` besides the counts (vLLM 0.32, read in
+``vllm/v1/core/sched/scheduler.py`` and ``vllm/v1/metrics/stats.py``):
+
+* *deferred* requests: waiting ones the scheduler skipped for want of a LoRA slot; a
+  request stays deferred until it is admitted (vLLM's ``deferred_waiting`` set);
+* *tracked adapters* (:meth:`Replica.lora_adapters`): vLLM's ``LoRARequestStates`` — an
+  adapter is listed from the first admission of one of its requests until the last such
+  request finishes or is aborted (a preempted one stays listed), in first-listed order.
+  Requests never admitted (deferred, or queued for capacity) are not listed;
+* sleep (:meth:`Replica.sleep`): vLLM's ``/sleep?level=N`` with its default mode
+  ``abort`` — every request in flight is aborted, level >= 1 clears the prefix cache, and
+  nothing is scheduled until :meth:`Replica.wake_up`; requests submitted meanwhile wait.
 """
 
 from __future__ import annotations
@@ -80,6 +93,10 @@ class EngineRequest:
     preemptions: int = 0
     first_token_at: float | None = None
     finished_at: float | None = None
+    deferred: bool = False
+    """Skipped by the scheduler for want of a LoRA slot, not admitted since."""
+    tracked: bool = False
+    """Admitted at least once: its adapter is listed by :meth:`Replica.lora_adapters`."""
 
     @property
     def num_tokens(self) -> int:
@@ -118,12 +135,24 @@ class Replica:
         self._step_end: float | None = None
         self._step: list[tuple[EngineRequest, int]] = []
         self.last_step_at = 0.0
-        """Start time of the most recent step (when vLLM last recorded its stats)."""
+        """Start time of the most recent step."""
+        self.stats_at = 0.0
+        """Time of the most recent step start or end: when vLLM last recorded its
+        scheduler stats (it records once per engine step)."""
         self.steps = 0
         self.preemptions = 0
         self.prompt_tokens_queried = 0
         self.prompt_tokens_cached = 0
         self.generation_tokens = 0
+        self.finished = 0
+        """Requests that finished (all by length: the sim never stops early)."""
+        self.aborted = 0
+        """Requests aborted (client gone, or put to sleep)."""
+        self.num_deferred = 0
+        """Waiting requests deferred for want of a LoRA slot (see the module docstring)."""
+        self._tracked: dict[str, int] = {}
+        self.sleep_level: int | None = None
+        """``None`` when awake, else the level of :meth:`sleep` (0, 1 or 2)."""
 
     # --- driver API -------------------------------------------------------------------
 
@@ -190,15 +219,45 @@ class Replica:
             heapq.heapify(self._pending)
         elif req.status is Status.WAITING:
             self._waiting.remove(req)
+            self._undefer(req)
         elif req.status is Status.RUNNING:
             self._running.remove(req)
             self._release(req)
+        self._untrack(req)
         req.status = Status.ABORTED
+        self.aborted += 1
         return True
+
+    def sleep(self, level: int = 1) -> list[EngineRequest]:
+        """Put the engine to sleep as vLLM's ``POST /sleep?level=N`` (mode ``abort``) does.
+
+        Every request in flight is aborted and returned (the driver ends their streams);
+        level >= 1 also clears the prefix cache (weights offloaded, KV discarded). Until
+        :meth:`wake_up` nothing is scheduled: requests submitted meanwhile wait.
+
+        Raises ``ValueError`` for a level other than 0, 1 or 2.
+        """
+        if level not in (0, 1, 2):
+            raise ValueError(f"sleep level must be 0, 1 or 2, got {level!r}")
+        aborted = list(self._requests.values())
+        for req in aborted:
+            self.abort(req.request_id)
+        self._step = []
+        self._step_end = None
+        if level >= 1:
+            self.kv.reset_prefix_cache()
+        self.sleep_level = level
+        return aborted
+
+    def wake_up(self) -> None:
+        """Resume scheduling (vLLM's ``POST /wake_up``); the next :meth:`advance` runs."""
+        self.sleep_level = None
 
     def next_event_time(self) -> float | None:
         """When :meth:`advance` next has work: the end of the running step, else the next
         request to clear the frontend; ``None`` when idle."""
+        if self.sleep_level is not None:
+            return None
         if self._step_end is not None:
             return self._step_end
         if self._pending:
@@ -241,6 +300,26 @@ class Replica:
         """Adapters of waiting requests, in order of first appearance."""
         return list(dict.fromkeys(r.adapter for r in self._waiting if r.adapter))
 
+    def lora_adapters(self) -> list[str]:
+        """Adapters current vLLM lists in both ``running_lora_adapters`` and
+        ``waiting_lora_adapters``: those with an in-flight request admitted at least once,
+        in the order vLLM's ``LoRARequestStates`` dict holds them."""
+        return list(self._tracked)
+
+    def _untrack(self, req: EngineRequest) -> None:
+        if req.tracked:
+            req.tracked = False
+            n = self._tracked[req.adapter] - 1
+            if n:
+                self._tracked[req.adapter] = n
+            else:
+                del self._tracked[req.adapter]
+
+    def _undefer(self, req: EngineRequest) -> None:
+        if req.deferred:
+            req.deferred = False
+            self.num_deferred -= 1
+
     # --- the engine --------------------------------------------------------------------
 
     def _admit_ready(self, t: float) -> None:
@@ -278,6 +357,7 @@ class Replica:
         self._step = sched
         self._step_end = t + duration
         self.last_step_at = t
+        self.stats_at = t
         self.steps += 1
 
     def _schedule(self) -> tuple[list[tuple[EngineRequest, int]], float, bool]:
@@ -323,6 +403,9 @@ class Replica:
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req = waiting[0]
             if req.adapter and not lora.can_start(req.adapter):
+                if not req.deferred:
+                    req.deferred = True
+                    self.num_deferred += 1
                 skipped.append(waiting.popleft())
                 continue
             hits: list[int] = []
@@ -334,6 +417,7 @@ class Replica:
             if kv.free_needed_for(hits, need) > kv.num_free:
                 break
             waiting.popleft()
+            self._undefer(req)
             kv.take(hits)
             req.blocks = hits + kv.allocate(need)
             req.num_computed = computed
@@ -346,6 +430,9 @@ class Replica:
                 loads = lora.loads
                 load_s += lora.acquire(req.adapter)
                 req.adapter_loads += lora.loads - loads
+                if not req.tracked:
+                    req.tracked = True
+                    self._tracked[req.adapter] = self._tracked.get(req.adapter, 0) + 1
             self._register(req, computed + n)
             req.status = Status.RUNNING
             running.append(req)
@@ -383,6 +470,7 @@ class Replica:
         sched = self._step
         self._step = []
         self._step_end = None
+        self.stats_at = t
         finished = False
         emitted = out.emitted if self.report_tokens else None
         tokens = 0
@@ -402,8 +490,10 @@ class Replica:
                 req.status = Status.FINISHED
                 req.finished_at = t
                 self._release(req)
+                self._untrack(req)
                 del self._requests[req.request_id]
                 out.finished.append(req)
+                self.finished += 1
                 finished = True
         self.generation_tokens += tokens
         if finished:

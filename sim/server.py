@@ -15,7 +15,10 @@ Endpoints per replica (vLLM's):
   ``stream_options.include_usage``) or a whole JSON response. ``model`` is the base model
   or one of the adapter names (as vLLM serves ``--lora-modules``); another name is a 404
   ``The model `x` does not exist.``;
-* ``GET /v1/models``, ``GET /health``.
+* ``GET /v1/models``, ``GET /health``;
+* vLLM's dev-mode sleep endpoints: ``POST /sleep?level=N`` (0–2; default 1; every request
+  in flight is aborted, as vLLM's default ``mode=abort`` does, and nothing is served until
+  woken — the page shows ``engine_sleep_state``), ``POST /wake_up``, ``GET /is_sleeping``.
 
 Every response carries ``x-epick-replica: host:port``. A client that disconnects
 mid-stream has its request aborted in the engine (blocks and adapter slot released).
@@ -44,7 +47,7 @@ from aiohttp import web
 from . import openai as oa
 from .config import DEFAULT_CONFIG, ReplicaConfig
 from .metrics import CONTENT_TYPE, MetricsPage
-from .replica import EngineRequest, Replica, RequestRejected
+from .replica import EngineRequest, Replica, RequestRejected, Status
 
 __all__ = ["ReplicaServer", "FleetServer", "serve_fleet", "REPLICA_HEADER"]
 
@@ -93,6 +96,9 @@ class ReplicaServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/sleep", self._sleep)
+        app.router.add_post("/wake_up", self._wake_up)
+        app.router.add_get("/is_sleeping", self._is_sleeping)
         app.on_response_prepare.append(self._stamp)
         self.app = app
 
@@ -113,13 +119,17 @@ class ReplicaServer:
                 if delay > 0:
                     with anyio.move_on_after(delay):
                         await self._wake.wait()
-            out = replica.advance(self.now())
-            self.page.record()
-            for req, n, _at in out.emitted:
-                flow: _Flow = req.handle  # type: ignore[assignment]
-                flow.send.send_nowait(n)
-            for req in out.finished:
-                req.handle.send.close()  # type: ignore[union-attr]
+            # One engine event at a time, the LoRA series recorded after each, as vLLM
+            # records its stats after every step (a late wake-up must not skip a state).
+            now = self.now()
+            while (t := replica.next_event_time()) is not None and t <= now:
+                out = replica.advance(t)
+                self.page.record(t)
+                for req, n, _at in out.emitted:
+                    flow: _Flow = req.handle  # type: ignore[assignment]
+                    flow.send.send_nowait(n)
+                for req in out.finished:
+                    req.handle.send.close()  # type: ignore[union-attr]
 
     # --- handlers --------------------------------------------------------------------
 
@@ -131,6 +141,23 @@ class ReplicaServer:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response()
+
+    async def _sleep(self, request: web.Request) -> web.Response:
+        raw = request.query.get("level", "1")
+        if raw not in ("0", "1", "2"):
+            return _error(400, "BadRequestError", f"level must be 0, 1 or 2, got {raw!r}")
+        for req in self.replica.sleep(int(raw)):
+            req.handle.send.close()  # type: ignore[union-attr]
+        self._wake.set()
+        return web.json_response({"status": "sleeping", "level": int(raw)})
+
+    async def _wake_up(self, request: web.Request) -> web.Response:
+        self.replica.wake_up()
+        self._wake.set()
+        return web.json_response({"status": "awake", "tags": None})
+
+    async def _is_sleeping(self, request: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": self.replica.sleep_level is not None})
 
     async def _models(self, request: web.Request) -> web.Response:
         created = int(time.time())
@@ -194,6 +221,9 @@ class ReplicaServer:
             async with flow.recv:
                 async for _ in flow.recv:
                     pass
+            if ereq.status is Status.ABORTED:
+                return _error(503, "ServiceUnavailableError",
+                              f"request {rid} was aborted: the engine was put to sleep")
             return web.Response(body=reply.whole(), content_type="application/json")
         finally:
             if ereq.finished_at is None:
@@ -213,6 +243,9 @@ class ReplicaServer:
             async with flow.recv:
                 async for n in flow.recv:
                     await resp.write(reply.sse(reply.token_chunk(n)))
+            if reply.req.status is Status.ABORTED:
+                await resp.write_eof()  # cut short: the engine was put to sleep
+                return resp
             if include_usage:
                 await resp.write(reply.sse(reply.usage_chunk()))
             await resp.write(b"data: [DONE]\n\n")

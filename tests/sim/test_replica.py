@@ -1,8 +1,9 @@
 import msgspec
 import pytest
 
+from epick.pool.parse import parse_metrics
 from epick.sim.config import DEFAULT_CONFIG, ReplicaConfig
-from epick.sim.metrics import MetricsPage, parse_metrics
+from epick.sim.metrics import MetricsPage
 from epick.sim.replica import Replica, RequestRejected, Status
 
 cfg = DEFAULT_CONFIG
@@ -91,18 +92,23 @@ def test_an_adapter_still_in_host_memory_loads_fast(drain):
     assert (r.lora.loads, r.lora.disk_loads) == (3, 2)
 
 
-def test_requests_wait_for_a_slot_and_their_adapter_is_reported_waiting(drain):
-    r = Replica(_lora_cfg())
+@pytest.mark.parametrize("fmt, waiting_adapters", [("current", ()), ("older", ("b",))])
+def test_requests_wait_for_a_slot_and_are_reported_deferred(drain, fmt, waiting_adapters):
+    r = Replica(_lora_cfg(lora_metrics=fmt))
     a = r.submit("a1", "q" * 400, 200, now=0.0, adapter="a")
     b = r.submit("b1", "q" * 400, 5, now=0.0, adapter="b")
     base = r.submit("base", "q" * 400, 5, now=0.0)
     drain(r, until=0.6)
     assert (a.status, b.status, base.status) == (Status.RUNNING, Status.WAITING, Status.FINISHED)
+    assert (r.num_deferred, b.deferred, r.lora_adapters(), r.waiting_adapters()) == (1, True, ["a"], ["b"])
     page = MetricsPage(r, clock_origin=1e9)
-    m = parse_metrics(page.render(), "sim:1")
-    assert (m.running_adapters, m.waiting_adapters, m.waiting, m.max_lora) == (("a",), ("b",), 1, 1)
+    m = parse_metrics(page.render().decode(), engine="vllm", url="http://sim:1/metrics",
+                      previous=None)
+    assert (m.running_adapters, m.waiting_adapters, m.waiting, m.deferred, m.max_lora) == (
+        ("a",), waiting_adapters, 1, 1, 1)
     drain(r)
     assert b.first_token_at > a.finished_at  # b got the slot only once a was done
+    assert (r.num_deferred, b.deferred, r.lora_adapters()) == (0, False, [])
 
 
 def test_kv_exhaustion_preempts_the_latest_request_which_recomputes_later(drain):
@@ -149,3 +155,56 @@ def test_duplicate_request_ids_in_flight_are_refused(drain):
     r.submit("x", "hi", 1, now=0.0)
     with pytest.raises(ValueError, match="request 'x' is already in flight on this replica"):
         r.submit("x", "hi", 1, now=0.0)
+
+
+def test_tracked_adapters_follow_vllms_lora_request_states(drain):
+    # An adapter is listed from its first admission until its last request leaves, in
+    # first-listed order; one that leaves and comes back goes to the end.
+    r = Replica(_lora_cfg(max_loras=2, max_cpu_loras=2))
+    r.submit("a1", "q" * 400, 100, now=0.0, adapter="a")
+    r.submit("b1", "q" * 400, 3, now=0.0, adapter="b")
+    drain(r, until=0.2)
+    assert r.lora_adapters() == ["a", "b"]
+    drain(r, until=0.5)  # b finished
+    assert r.lora_adapters() == ["a"]
+    r.submit("b2", "q" * 400, 100, now=0.5, adapter="b")
+    r.submit("c1", "q" * 400, 100, now=0.5, adapter="c")  # no slot: deferred, not listed
+    drain(r, until=0.8)
+    assert (r.lora_adapters(), r.num_deferred) == (["a", "b"], 1)
+    assert r.abort("c1") and r.num_deferred == 0
+    assert r.abort("a1")
+    assert r.lora_adapters() == ["b"]
+    drain(r)
+    assert r.lora_adapters() == []
+
+
+def test_a_preempted_request_keeps_its_adapter_listed(drain):
+    c = msgspec.structs.replace(cfg, num_gpu_blocks=10, max_loras=2)
+    r = Replica(c)
+    r.submit("old", "p" * 192, 60, now=0.0, adapter="a")
+    new = r.submit("new", "z" * 192, 60, now=0.0, adapter="b")
+    while new.preemptions == 0:
+        r.advance(r.next_event_time())
+    assert new.status is Status.WAITING
+    assert r.lora_adapters() == ["a", "b"]  # vLLM: PREEMPTED moves it to "waiting", still listed
+    drain(r)
+    assert r.lora_adapters() == []
+
+
+def test_sleep_aborts_everything_in_flight_and_level_0_keeps_the_prefix_cache(drain):
+    r = Replica(cfg)
+    prompt = "abcd" * 100
+    r.submit("warm", prompt, 2, now=0.0)
+    drain(r)
+    running = r.submit("running", "x" * 400, 100, now=1.0)
+    drain(r, until=1.03)
+    frontend = r.submit("frontend", "y" * 400, 100, now=1.03)
+    assert (running.status, frontend.status) == (Status.RUNNING, Status.PENDING)
+    assert set(r.sleep(level=0)) == {running, frontend}
+    assert {q.status for q in (running, frontend)} == {Status.ABORTED}
+    assert (r.num_in_flight, r.kv.usage, r.sleep_level) == (0, 0.0, 0)
+    again = r.submit("again", prompt, 2, now=2.0)
+    assert r.next_event_time() is None  # nothing is scheduled while asleep
+    r.wake_up()
+    drain(r)
+    assert again.output_tokens == 2 and again.cached_tokens > 0  # level 0: cache kept

@@ -12,8 +12,9 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from epick.pool.parse import parse_page
 from epick.sim.config import DEFAULT_CONFIG
-from epick.sim.metrics import parse_metrics
+from epick.sim.metrics import CONTENT_TYPE
 from epick.sim.server import serve_fleet
 
 ADAPTERS = ("adapter-0", "adapter-1", "adapter-2")
@@ -21,10 +22,10 @@ cfg = msgspec.structs.replace(DEFAULT_CONFIG, max_loras=1)
 
 
 @asynccontextmanager
-async def running():
+async def running(config=cfg):
     """Two replicas and a client. Entered inside each test (not a fixture): the fleet's
     task group must be entered and exited by the same task."""
-    async with serve_fleet(2, adapters=ADAPTERS, config=cfg) as fleet:
+    async with serve_fleet(2, adapters=ADAPTERS, config=config) as fleet:
         async with httpx.AsyncClient(timeout=10) as client:
             yield fleet, client
 
@@ -42,7 +43,7 @@ async def test_every_replica_listens_on_its_own_port_and_serves_vllm_metrics():
         for address in fleet.addresses:
             resp = await client.get(f"http://{address}/metrics")
             assert resp.status_code == 200
-            assert resp.headers["content-type"].startswith("text/plain; version=0.0.4")
+            assert resp.headers["content-type"] == CONTENT_TYPE == "text/plain; version=1.0.0; charset=utf-8"
             assert resp.headers["x-epick-replica"] == address
             names = {f.name for f in text_string_to_metric_families(resp.text)}
             assert {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
@@ -137,8 +138,13 @@ async def test_bad_completion_bodies_are_400s_that_say_where(body, message):
         assert resp.json()["error"]["message"] == message
 
 
-async def test_waiting_adapter_shows_in_the_scraped_metrics():
-    async with running() as (fleet, client):
+def read(resp: httpx.Response, address: str):
+    return parse_page(resp.text, engine="vllm", url=f"http://{address}/metrics", previous=None)
+
+
+@pytest.mark.parametrize("fmt, waiting", [("current", ()), ("older", ("adapter-1",))])
+async def test_a_request_deferred_for_a_slot_shows_in_the_scraped_metrics(fmt, waiting):
+    async with running(msgspec.structs.replace(cfg, lora_metrics=fmt)) as (fleet, client):
         base = f"http://{fleet.addresses[0]}"
 
         async def complete(model: str, n: int) -> None:
@@ -149,8 +155,11 @@ async def test_waiting_adapter_shows_in_the_scraped_metrics():
             await anyio.sleep(0.05)
             tg.start_soon(complete, "adapter-1", 2)
             await anyio.sleep(0.15)
-            m = parse_metrics((await client.get(f"{base}/metrics")).content, fleet.addresses[0])
-            assert (m.running_adapters, m.waiting_adapters, m.waiting, m.max_lora) == (("adapter-0",), ("adapter-1",), 1, 1)
+            page = read(await client.get(f"{base}/metrics"), fleet.addresses[0])
+            m = page.metrics
+            assert page.lora_format == fmt
+            assert (m.running_adapters, m.waiting_adapters, m.waiting, m.deferred, m.max_lora) == (
+                ("adapter-0",), waiting, 1, 1, 1)
             tg.cancel_scope.cancel()
 
 
@@ -171,15 +180,21 @@ async def test_a_client_that_goes_away_mid_stream_frees_its_request(caplog):
 
 def test_cli_serve_prints_ready_lines_and_stops_on_sigterm():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "epick.sim", "serve", "--replicas", "2", "--adapters", "3", "--max-lora", "1"],
+        [sys.executable, "-m", "epick.sim", "serve", "--replicas", "2", "--adapters", "3", "--max-lora", "1",
+         "--lora-metrics", "older"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"},
     )
     try:
         lines = [proc.stdout.readline().strip() for _ in range(2)]
         assert all(line.startswith("READY 127.0.0.1:") for line in lines), lines
         address = lines[0].split()[1]
+        assert "# TYPE vllm:lora_requests_info gauge" in httpx.get(f"http://{address}/metrics", timeout=5).text
+        done = httpx.post(f"http://{address}/v1/completions", timeout=10,
+                          json={"model": "adapter-0", "prompt": "x" * 40, "max_tokens": 2})
+        assert done.status_code == 200
         text = httpx.get(f"http://{address}/metrics", timeout=5).text
-        assert 'max_lora="1"' in text
+        # --max-lora 1 and the older format: the adapter ran and was never queued.
+        assert 'max_lora="1",running_lora_adapters="adapter-0",waiting_lora_adapters=""' in text
         assert [m["id"] for m in httpx.get(f"http://{address}/v1/models").json()["data"]] == [
             "sim-base", "adapter-0", "adapter-1", "adapter-2"]
         proc.send_signal(signal.SIGTERM)
@@ -204,3 +219,61 @@ async def test_a_taken_port_is_reported_with_the_address():
         with pytest.raises(OSError, match=f"^\\[Errno 98\\] cannot listen on 127.0.0.1:{port}: Address already in use$"):
             async with serve_fleet(1, base_port=port):
                 pass
+
+
+async def test_sleep_aborts_what_runs_serves_nothing_and_wake_up_resumes():
+    async with running() as (fleet, client):
+        address = fleet.addresses[0]
+        base = f"http://{address}"
+        body = {"model": "sim-base", "prompt": "y" * 200, "max_tokens": 5000}
+
+        async with anyio.create_task_group() as tg:
+            result = {}
+
+            async def long_request() -> None:
+                result["resp"] = await client.post(f"{base}/v1/completions", json=body)
+
+            tg.start_soon(long_request)
+            await anyio.sleep(0.1)
+            resp = await client.post(f"{base}/sleep", params={"level": "1"})
+            assert resp.json() == {"status": "sleeping", "level": 1}
+        assert result["resp"].status_code == 503
+        assert "put to sleep" in result["resp"].json()["error"]["message"]
+        assert (await client.get(f"{base}/is_sleeping")).json() == {"is_sleeping": True}
+        page = read(await client.get(f"{base}/metrics"), address)
+        assert page.sleeping and (page.metrics.running, page.metrics.waiting) == (0, 0)
+
+        short = {"model": "sim-base", "prompt": "y" * 40, "max_tokens": 2}
+        async with anyio.create_task_group() as tg:
+            done = {}
+
+            async def short_request() -> None:
+                done["resp"] = await client.post(f"{base}/v1/completions", json=short)
+
+            tg.start_soon(short_request)
+            await anyio.sleep(0.3)
+            assert "resp" not in done  # asleep: accepted, not served
+            assert (await client.post(f"{base}/wake_up")).json()["status"] == "awake"
+        assert done["resp"].status_code == 200
+        assert done["resp"].json()["usage"]["completion_tokens"] == 2
+        assert not read(await client.get(f"{base}/metrics"), address).sleeping
+        bad = await client.post(f"{base}/sleep", params={"level": "7"})
+        assert (bad.status_code, bad.json()["error"]["message"]) == (
+            400, "level must be 0, 1 or 2, got '7'")
+
+
+async def test_a_late_engine_wake_up_still_records_every_step():
+    # vLLM records its LoRA stats after every step; a busy event loop that wakes the
+    # engine late must not skip the steps in between (the adapter ran: it is on the page).
+    async with running(msgspec.structs.replace(cfg, lora_metrics="older")) as (fleet, client):
+        address = fleet.addresses[0]
+        srv = fleet.replicas[0]
+        async with anyio.create_task_group() as tg:
+            body = {"model": "adapter-2", "prompt": "x" * 40, "max_tokens": 2}
+            tg.start_soon(lambda: client.post(f"http://{address}/v1/completions", json=body))
+            while srv.replica.num_in_flight == 0:
+                await anyio.sleep(0.001)
+            time.sleep(0.3)  # block the loop: every engine event is now overdue
+        assert srv.replica.finished == 1
+        text = (await client.get(f"http://{address}/metrics")).text
+        assert 'running_lora_adapters="adapter-2",waiting_lora_adapters=""' in text
