@@ -194,7 +194,8 @@ class Service:
         ]
         server = grpc.aio.server(options=options)
         picker_pb2_grpc.add_EndpointPickerServicer_to_server(
-            PickerService(self.scheduler, self.recorder), server)
+            PickerService(self.scheduler, self.recorder,
+                          allow_pinning=self.config.server.allow_pinning), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (PICKER_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -219,7 +220,7 @@ class Service:
 
             ext_proc, self.ext_proc_port = build_server(
                 self.scheduler, self.config.ext_proc, health=self.health,
-                telemetry=self.recorder)
+                telemetry=self.recorder, allow_pinning=self.config.server.allow_pinning)
 
         metrics = None
         if self.config.server.metrics_listen:
@@ -276,8 +277,10 @@ class Service:
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         # Envoy (and upstream's picker protocol) health-checks the ext_proc service by name.
         ext_proc = (EXT_PROC_SERVICE,) if self.config.ext_proc.listen else ()
-        for name in ("", PICKER_SERVICE, *ext_proc):
+        for name in ("", PICKER_SERVICE, *ext_proc, "readiness"):
             await self.health.set(name, status)
+        # Upstream's probe names: `liveness` is "the process answers", not "ready".
+        await self.health.set("liveness", health_pb2.HealthCheckResponse.SERVING)
         log.info("health: %s", "SERVING" if serving else "NOT_SERVING")
 
     async def _update_health(self) -> None:

@@ -20,7 +20,7 @@ import os
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -165,12 +165,19 @@ class Scheduler:
 
     # -- the cycle -----------------------------------------------------------------
 
-    def schedule(self, request: abi.Request, *, explain: bool = False) -> Decision:
+    def schedule(self, request: abi.Request, *, explain: bool = False,
+                 subset: Collection[str] | None = None, pin: str = "") -> Decision:
         """Pick an endpoint for ``request``; raise :class:`Shed` or :class:`Unavailable`.
 
         ``request.seed`` drives every random choice (the API layer fills a random one
         when the gateway sent none), so the same request on the same snapshot and
         policy state gives the same answer.
+
+        ``subset`` (a data plane's hint: ``host:port`` or bare ``host`` entries) keeps
+        only those endpoints; none of them eligible is :class:`Unavailable`. ``pin``
+        forces one endpoint (``host:port``): it must be fresh and serve the model, or the
+        pick is :class:`Unavailable` — never silently replaced; admission and policy
+        filters do not apply to it, and it has no fallbacks.
         """
         perf = time.perf_counter
         t_start = perf()
@@ -181,13 +188,18 @@ class Scheduler:
         candidates = tuple(range(len(endpoints)))
         why: dict[int, str] | None = {} if explain else None
 
-        for f in self.host_filters:
-            candidates = self._run_filter(f.name, f.filter, cycle, candidates, why)
-        if not candidates:
-            raise Unavailable(self._unavailable_reason(pool, request))
-        candidates = self._run_filter(
-            self.admission.name, self.admission.filter, cycle, candidates, why
-        )
+        if pin:
+            candidates = self._pinned(pool, cycle, pin)
+        else:
+            for f in self.host_filters:
+                candidates = self._run_filter(f.name, f.filter, cycle, candidates, why)
+            if subset is not None:
+                candidates = self._in_subset(pool, candidates, subset, request, why)
+            if not candidates:
+                raise Unavailable(self._unavailable_reason(pool, request))
+            candidates = self._run_filter(
+                self.admission.name, self.admission.filter, cycle, candidates, why
+            )
         if not candidates:
             raise Shed(
                 "SHEDDABLE request shed: every endpoint is over the admission thresholds "
@@ -196,7 +208,7 @@ class Scheduler:
             )
 
         skipped: list[str] = []
-        for entry in policies.filters:
+        for entry in () if pin else policies.filters:
             try:
                 kept = entry.plugin.filter(cycle, candidates)
             except PluginError as exc:
@@ -268,6 +280,37 @@ class Scheduler:
                 endpoint, decision.fallbacks, pool.version,
             )
         return decision
+
+    def _pinned(self, pool: PoolSnapshot, cycle: Cycle, pin: str) -> tuple[int, ...]:
+        index = next((i for i, e in enumerate(pool.snapshot.endpoints) if e.address == pin),
+                     None)
+        if index is None:
+            raise Unavailable(f"pinned endpoint {pin!r} is not in the pool (or has never "
+                              "reported metrics)")
+        if not pool.info[index].fresh:
+            raise Unavailable(f"pinned endpoint {pin!r} is not fresh (its metrics are stale)")
+        for f in self.host_filters:
+            if not f.filter(cycle, (index,)):
+                raise Unavailable(f"pinned endpoint {pin!r} is refused by the {f.name!r} "
+                                  "filter")
+        return (index,)
+
+    @staticmethod
+    def _in_subset(pool, candidates, subset, request, why) -> tuple[int, ...]:
+        wanted = set(subset)
+        eps = pool.snapshot.endpoints
+        kept = tuple(i for i in candidates
+                     if eps[i].address in wanted or eps[i].address.rpartition(":")[0] in wanted)
+        if why is not None:
+            for i in set(candidates) - set(kept):
+                why[i] = "subset-hint"
+        if not kept:
+            listed = ", ".join(sorted(wanted)[:8]) + (", ..." if len(wanted) > 8 else "")
+            what = f"model {request.model!r}" + (
+                f" with adapter {request.adapter!r}" if request.adapter else "")
+            raise Unavailable(f"no endpoint in the subset hint [{listed}] is fresh and "
+                              f"serves {what}")
+        return kept
 
     def _run_filter(self, name, fn, cycle, candidates, why):
         kept = fn(cycle, candidates)

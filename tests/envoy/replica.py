@@ -72,8 +72,23 @@ class Replica:
                 else:
                     self._send(404, b"not found\n", "text/plain")
 
+            def _body(self) -> bytes:
+                if "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
+                    return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                # Envoy streams a body it got back from ext_proc (FULL_DUPLEX_STREAMED)
+                # chunked, as real model servers (uvicorn) accept.
+                parts = []
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0], 16)
+                    if size == 0:
+                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                            pass  # trailers
+                        return b"".join(parts)
+                    parts.append(self.rfile.read(size))
+                    self.rfile.readline()
+
             def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = self._body()
                 if not self.path.startswith("/v1/"):
                     self._send(404, b"not found\n", "text/plain")
                     return
