@@ -68,6 +68,16 @@ class TelemetryRecorder:
         for child, seconds in zip(self._stages, (filter_s, score_s, pick_s, hooks_s)):
             child.observe(seconds)
 
+    def completion(self, status: int, prompt_tokens: int | None,
+                   completion_tokens: int | None, ttft_s: float | None) -> None:
+        telemetry.COMPLETIONS.labels(("ok", "error", "cancelled")[status]).inc()
+        if prompt_tokens is not None:
+            telemetry.COMPLETION_TOKENS.labels("prompt").inc(prompt_tokens)
+        if completion_tokens is not None:
+            telemetry.COMPLETION_TOKENS.labels("completion").inc(completion_tokens)
+        if ttft_s is not None:
+            telemetry.TTFT.observe(ttft_s)
+
     def policy_error(self, error: PluginError) -> None:
         telemetry.POLICY_ERRORS.labels(error.plugin, error.kind).inc()
 

@@ -408,8 +408,11 @@ class _Stream:
         usage = self.usage
         if usage is not None:
             usage.finish()
-        self.svc.scheduler.complete(decision_id=d.decision_id,
-                                    endpoint=self.served or d.endpoint, status=status)
+        self.svc.scheduler.complete(
+            decision_id=d.decision_id, endpoint=self.served or d.endpoint, status=status,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+            ttft_s=usage.ttft_s if usage else None)
         if self.svc.on_complete is not None:
             self.svc.on_complete(d, status, usage)
 

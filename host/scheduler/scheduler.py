@@ -72,6 +72,9 @@ class Recorder(Protocol):
     def shadow(self, policy: str, agree: bool, delta: float) -> None: ...
     def stages(self, filter_s: float, score_s: float, pick_s: float, hooks_s: float) -> None:
         """One successful cycle's time per stage (hooks include the shadows)."""
+    def completion(self, status: int, prompt_tokens: int | None,
+                   completion_tokens: int | None, ttft_s: float | None) -> None:
+        """A known decision completed, with what the gateway measured (None = unknown)."""
 
 
 class _NullRecorder:
@@ -85,6 +88,9 @@ class _NullRecorder:
         pass
 
     def stages(self, filter_s: float, score_s: float, pick_s: float, hooks_s: float) -> None:
+        pass
+
+    def completion(self, status, prompt_tokens, completion_tokens, ttft_s) -> None:
         pass
 
 
@@ -396,10 +402,14 @@ class Scheduler:
         request_id: str = "",
         endpoint: str = "",
         status: int = abi.CompletionStatus.OK,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        ttft_s: float | None = None,
     ) -> bool:
         """Run the post_response hooks for a finished request; False if the id is unknown.
 
         Idempotent: a second report for the same decision is unknown and does nothing.
+        Token counts and TTFT (what the gateway read from the answer) go to the recorder.
         """
         if not decision_id and request_id:
             decision_id = self._by_request.get(request_id, "")
@@ -424,6 +434,7 @@ class Scheduler:
             except PluginError as exc:
                 self.recorder.policy_error(exc)
                 log.warning("%s", exc)
+        self.recorder.completion(int(status), prompt_tokens, completion_tokens, ttft_s)
         return True
 
     @property
