@@ -320,6 +320,18 @@ def test_duplex_a_model_rewrite_streams_the_new_body_and_sets_its_length(epick, 
     assert out[-1].request_body.response.body_mutation.streamed_response.end_of_stream
 
 
+def test_duplex_a_body_that_ends_with_trailers_is_routed_at_the_trailers(epick, pool):
+    svc = epick(pool)
+    raw = json.dumps({"model": "base", "prompt": "hi"}).encode()
+    trailers = ep.ProcessingRequest(request_trailers=ep.HttpTrailers())
+    out = converse(svc, [duplex_headers(), body_msg(raw, eos=False), trailers])
+    assert [r.WhichOneof("response") for r in out] == [
+        "request_headers", "request_body", "request_trailers"]
+    assert set_headers(out[0].request_headers.response)[HEADER] in pool
+    streamed = out[1].request_body.response.body_mutation.streamed_response
+    assert (streamed.body, streamed.end_of_stream) == (raw, False)  # the trailers end it
+
+
 def test_only_one_immediate_response_is_sent_then_the_stream_ends(epick, pool):
     """The bug this replaces: after a 400 epick kept reading and sent a 413 and a 500 too."""
     svc = epick(pool)
