@@ -5,22 +5,26 @@ Per request::
 
     GET  /v1/models      forwarded to a replica epick picks for the base model
     POST /v1/completions | /v1/chat/completions  (JSON body)
-      1. model, adapter, prompt from the body   (chat: epick.chat.serialize_messages)
-      2. Pick(model, adapter, prompt, criticality)  -> endpoint + fallbacks + decision_id
-            RESOURCE_EXHAUSTED -> 429, UNAVAILABLE -> 503, INVALID_ARGUMENT -> 400
-      3. forward to the endpoint; if it refuses the connection, the next fallback
-      4. stream the answer back unchanged (SSE when the body asked for stream: true)
-      5. ReportCompletion(decision_id, endpoint, status, ttft) when the stream ends
+      1. the PickRequest from headers and body: epick.api.openai_request.translate, the
+         same translation the Envoy ext_proc adapter uses (model/adapter, prompt, model
+         rewrite, criticality from x-criticality or the objective header, pinning)
+      2. Pick(...)  -> endpoint + fallbacks + decision_id
+            RESOURCE_EXHAUSTED -> 429, UNAVAILABLE -> 503 (both with upstream's
+            x-llm-d-request-dropped-reason), INVALID_ARGUMENT -> 400
+      3. forward to the endpoint (the rewritten body, if the model was rewritten); if it
+         refuses the connection, the next fallback
+      4. stream the answer back as it comes (SSE when the body asked for stream: true),
+         reading usage and the first token's time from it (epick.api.usage.UsageReader)
+      5. ReportCompletion(decision_id, endpoint, status, tokens, ttft) when the stream
+         ends: OK, ERROR (status >= 400), CANCELLED (the client left, the replica broke)
 
-Model naming (as vLLM does): ``model`` equal to the gateway's base model is a base-model
-request; any other value names a LoRA adapter of that base model. Criticality comes from
-the ``x-criticality`` header (critical | standard | sheddable; default standard).
+The backend's address is not told to the client unless ``expose_endpoint`` is set
+(then as ``x-gateway-destination-endpoint``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import Counter
@@ -32,26 +36,29 @@ from aiohttp import web
 
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 from epick.api.gen.epick.v1 import picker_pb2_grpc
-from epick.chat import serialize_messages
+from epick.api.openai_request import InvalidArgument, translate
+from epick.api.usage import UsageReader
 
 __all__ = ["Gateway", "GatewayStats", "make_app"]
 
 log = logging.getLogger("epick.gateway")
 
-_CRITICALITY = {"critical": pb.CRITICAL, "standard": pb.STANDARD, "sheddable": pb.SHEDDABLE}
 _HTTP_FOR = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.INVALID_ARGUMENT: 400,
 }
+#: Upstream's x-llm-d-request-dropped-reason for the refusals that carry one.
+_DROPPED = {429: "rejected-saturated", 503: "rejected-no-endpoints"}
 # Hop-by-hop headers a proxy must not forward (plus what aiohttp recomputes).
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
         "content-length", "host", "content-encoding"}
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:
+    headers = {"x-llm-d-request-dropped-reason": _DROPPED[status]} if status in _DROPPED else None
     return web.json_response({"error": {"message": message, "type": kind, "code": status}},
-                             status=status)
+                             status=status, headers=headers)
 
 
 @dataclass
@@ -66,8 +73,14 @@ class GatewayStats:
 class Gateway:
     """Create inside a running event loop; :meth:`close` when done."""
 
-    def __init__(self, epick_target: str, base_model: str, *, timeout_s: float = 300.0):
+    def __init__(self, epick_target: str, base_model: str, *, timeout_s: float = 300.0,
+                 objectives: dict[str, str] | None = None,
+                 model_rewrites: dict[str, str] | None = None,
+                 expose_endpoint: bool = False):
         self.base_model = base_model
+        self.objectives = objectives or {}
+        self.model_rewrites = model_rewrites or {}
+        self.expose_endpoint = expose_endpoint
         self.channel = grpc.aio.insecure_channel(epick_target)
         self.picker = picker_pb2_grpc.EndpointPickerStub(self.channel)
         self.http = aiohttp.ClientSession(
@@ -79,59 +92,36 @@ class Gateway:
         await self.http.close()
         await self.channel.close()
 
-    def pick_request(self, path: str, body: dict, headers) -> pb.PickRequest:
-        """Turn an OpenAI request into a PickRequest; ValueError names what is wrong."""
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise ValueError("body.model must be a non-empty string")
-        if path.endswith("/chat/completions"):
-            messages = body.get("messages")
-            if not isinstance(messages, list):
-                raise ValueError("body.messages must be a list")
-            prompt = serialize_messages(messages)
-        else:
-            prompt = body.get("prompt", "")
-            if isinstance(prompt, list):
-                prompt = "".join(p for p in prompt if isinstance(p, str))
-            if not isinstance(prompt, str):
-                raise ValueError("body.prompt must be a string or a list of strings")
-        crit = headers.get("x-criticality", "standard").lower()
-        if crit not in _CRITICALITY:
-            raise ValueError(f"x-criticality {crit!r} is not critical, standard or sheddable")
-        return pb.PickRequest(
-            request_id=headers.get("x-request-id", ""),
-            model=self.base_model,
-            adapter="" if model == self.base_model else model,
-            prompt=prompt,
-            criticality=_CRITICALITY[crit],
-        )
-
     async def handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
+        t0 = time.perf_counter()  # TTFT counts from here
         try:
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise ValueError("the body must be a JSON object")
-            pick_req = self.pick_request(request.path, body, request.headers)
-        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            if not raw:
+                raise InvalidArgument("the body is empty; it must be a JSON object")
+            parsed = translate({k.lower(): v for k, v in request.headers.items()},
+                               request.path, raw, base_model=self.base_model,
+                               objectives=self.objectives, rewrites=self.model_rewrites)
+        except InvalidArgument as exc:
             self.stats.outcomes[400] += 1
             return _error(400, f"malformed request: {exc}", "invalid_request_error")
 
-        t0 = time.perf_counter()
+        t_pick = time.perf_counter()
         try:
-            decision = await self.picker.Pick(pick_req, timeout=2.0)
+            decision = await self.picker.Pick(parsed.pick, timeout=2.0)
         except grpc.aio.AioRpcError as exc:
             status = _HTTP_FOR.get(exc.code(), 503)
             self.stats.outcomes[status] += 1
-            kind = "rate_limit_exceeded" if status == 429 else "service_unavailable"
-            return _error(status, f"epick: {exc.details()}", kind)
-        self.stats.pick_latency_s.append(time.perf_counter() - t0)
+            kind = {429: "rate_limit_exceeded", 400: "invalid_request_error"}.get(
+                status, "service_unavailable")
+            prefix = "malformed request: " if status == 400 else "epick: "
+            return _error(status, f"{prefix}{exc.details()}", kind)
+        self.stats.pick_latency_s.append(time.perf_counter() - t_pick)
 
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         for endpoint in [decision.endpoint, *decision.fallbacks]:
             try:
-                upstream = await self.http.post(f"http://{endpoint}{request.path}", data=raw,
-                                                headers=headers)
+                upstream = await self.http.post(f"http://{endpoint}{request.path}",
+                                                data=parsed.body, headers=headers)
             except aiohttp.ClientConnectionError:
                 log.warning("endpoint %s refused; trying the next fallback", endpoint)
                 continue
@@ -167,15 +157,17 @@ class Gateway:
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse,
                      decision_id: str, endpoint: str, t0: float) -> web.StreamResponse:
         """Stream the replica's answer back as it comes; report completion at the end."""
-        status, ttft = pb.OK, None
-        response = web.StreamResponse(status=upstream.status, headers={
-            **{k: v for k, v in upstream.headers.items() if k.lower() not in _HOP},
-            "x-gateway-destination-endpoint": endpoint})
+        status = pb.OK
+        usage = UsageReader(upstream.headers.get("content-type", ""), t0)
+        headers = {k: v for k, v in upstream.headers.items()
+                   if k.lower() not in _HOP and k.lower() != "x-gateway-destination-endpoint"}
+        if self.expose_endpoint:
+            headers["x-gateway-destination-endpoint"] = endpoint
+        response = web.StreamResponse(status=upstream.status, headers=headers)
         try:
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
-                if ttft is None:
-                    ttft = time.perf_counter() - t0
+                usage.feed(chunk, time.perf_counter())
                 await response.write(chunk)
             await response.write_eof()
             if upstream.status >= 400:
@@ -189,14 +181,22 @@ class Gateway:
             status = pb.CANCELLED
         finally:
             upstream.release()
-            await self._report(decision_id, endpoint, status, ttft)
+            usage.finish()
+            await self._report(decision_id, endpoint, status, usage)
         return response
 
-    async def _report(self, decision_id: str, endpoint: str, status, ttft) -> None:
+    async def _report(self, decision_id: str, endpoint: str, status,
+                      usage: UsageReader | None) -> None:
+        report = pb.CompletionReport(decision_id=decision_id, endpoint=endpoint, status=status)
+        if usage is not None:
+            if usage.prompt_tokens is not None:
+                report.prompt_tokens = usage.prompt_tokens
+            if usage.completion_tokens is not None:
+                report.completion_tokens = usage.completion_tokens
+            if usage.ttft_s is not None:
+                report.ttft_seconds = usage.ttft_s
         try:
-            await self.picker.ReportCompletion(
-                pb.CompletionReport(decision_id=decision_id, endpoint=endpoint, status=status,
-                                    ttft_seconds=ttft), timeout=2.0)
+            await self.picker.ReportCompletion(report, timeout=2.0)
         except grpc.aio.AioRpcError as exc:  # losing a report only delays reconcile
             log.warning("ReportCompletion failed: %s", exc.details())
 

@@ -76,6 +76,9 @@ class ServerConfig(_Table):
     """How long a decision waits for its ReportCompletion before it is forgotten."""
     max_decisions: Annotated[int, Meta(gt=0)] = 100_000
     """Bound on remembered decisions (oldest forgotten first) so nothing leaks."""
+    allow_pinning: bool = False
+    """Let a request force its endpoint (``PickRequest.pin_endpoint``, the ext_proc header
+    ``x-epick-pin-endpoint``). Off: such requests are refused, naming this setting."""
 
 
 class PoolConfig(_Table):
@@ -151,10 +154,25 @@ class ExtProcConfig(_Table):
     """Endpoints after the primary in the header and metadata (at most
     ``[server].fallbacks``). 0 by default: Envoy's ORIGINAL_DST routes on one address."""
     metadata_namespace: Annotated[str, Meta(min_length=1)] = "envoy.lb"
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=15 << 20)] = 4 << 20
+    """Largest request body epick reads (streamed or buffered); beyond it a 413."""
+    expose_endpoint: bool = False
+    """Tell the client which backend served it (``x-gateway-destination-endpoint`` on the
+    response). Off by default: backend addresses stay inside."""
+    objectives: dict[str, Literal["critical", "standard", "sheddable"]] = {}
+    """Objective header value (``x-llm-d-inference-objective``) -> criticality. An
+    objective not listed is standard; ``x-criticality`` wins over both."""
+    model_rewrites: dict[str, str] = {}
+    """Body ``model`` -> the model sent to the backend (and picked for); the header
+    ``x-llm-d-model-name-rewrite`` wins over it."""
 
     def __post_init__(self) -> None:
         if self.listen and not self.base_model:
             raise ValueError("ext_proc.base_model is required when ext_proc.listen is set")
+        for source, target in self.model_rewrites.items():
+            if not source or not target:
+                raise ValueError(f"ext_proc.model_rewrites: {source!r} = {target!r}: names "
+                                 "must not be empty")
 
 
 class Config(_Table):

@@ -68,6 +68,16 @@ class TelemetryRecorder:
         for child, seconds in zip(self._stages, (filter_s, score_s, pick_s, hooks_s)):
             child.observe(seconds)
 
+    def completion(self, status: int, prompt_tokens: int | None,
+                   completion_tokens: int | None, ttft_s: float | None) -> None:
+        telemetry.COMPLETIONS.labels(("ok", "error", "cancelled")[status]).inc()
+        if prompt_tokens is not None:
+            telemetry.COMPLETION_TOKENS.labels("prompt").inc(prompt_tokens)
+        if completion_tokens is not None:
+            telemetry.COMPLETION_TOKENS.labels("completion").inc(completion_tokens)
+        if ttft_s is not None:
+            telemetry.TTFT.observe(ttft_s)
+
     def policy_error(self, error: PluginError) -> None:
         telemetry.POLICY_ERRORS.labels(error.plugin, error.kind).inc()
 
@@ -195,7 +205,8 @@ class Service:
         ]
         server = grpc.aio.server(options=options)
         picker_pb2_grpc.add_EndpointPickerServicer_to_server(
-            PickerService(self.scheduler, self.recorder), server)
+            PickerService(self.scheduler, self.recorder,
+                          allow_pinning=self.config.server.allow_pinning), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (PICKER_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -220,7 +231,7 @@ class Service:
 
             ext_proc, self.ext_proc_port = build_server(
                 self.scheduler, self.config.ext_proc, health=self.health,
-                telemetry=self.recorder)
+                telemetry=self.recorder, allow_pinning=self.config.server.allow_pinning)
 
         metrics = None
         if self.config.server.metrics_listen:
@@ -277,8 +288,10 @@ class Service:
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         # Envoy (and upstream's picker protocol) health-checks the ext_proc service by name.
         ext_proc = (EXT_PROC_SERVICE,) if self.config.ext_proc.listen else ()
-        for name in ("", PICKER_SERVICE, *ext_proc):
+        for name in ("", PICKER_SERVICE, *ext_proc, "readiness"):
             await self.health.set(name, status)
+        # Upstream's probe names: `liveness` is "the process answers", not "ready".
+        await self.health.set("liveness", health_pb2.HealthCheckResponse.SERVING)
         log.info("health: %s", "SERVING" if serving else "NOT_SERVING")
 
     async def _update_health(self) -> None:

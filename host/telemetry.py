@@ -33,6 +33,9 @@ __all__ = [
     "SNAPSHOT_ENDPOINTS",
     "SHADOW_AGREEMENT",
     "SHADOW_SCORE_DELTA",
+    "COMPLETIONS",
+    "COMPLETION_TOKENS",
+    "TTFT",
     "PICK_STAGES",
     "PICK_OUTCOMES",
     "POLICY_ERROR_KINDS",
@@ -128,6 +131,24 @@ SHADOW_AGREEMENT = Counter(
     "epick_shadow_agreement",
     "Picks where a shadow policy's choice agreed (or not) with the live one.",
     ["policy", "agree"],
+    registry=REGISTRY,
+)
+COMPLETIONS = Counter(
+    "epick_completions",
+    "Reported completions by status (ok|error|cancelled), from ReportCompletion or ext_proc.",
+    ["status"],
+    registry=REGISTRY,
+)
+COMPLETION_TOKENS = Counter(
+    "epick_completion_tokens",
+    "Tokens of reported completions, by kind (prompt|completion), as the gateway read them.",
+    ["kind"],
+    registry=REGISTRY,
+)
+TTFT = Histogram(
+    "epick_ttft_seconds",
+    "Time to first token of reported completions (request received -> first answer byte).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
     registry=REGISTRY,
 )
 SHADOW_SCORE_DELTA = Histogram(

@@ -1,17 +1,24 @@
-"""What routing through epick adds to a request, measured through a real Envoy.
+"""What routing through epick adds to a request, measured through a real Envoy, in both
+ext_proc body modes; and a load run of many concurrent streaming requests.
 
-    .venv/bin/python scripts/envoy_bench.py [--requests 2000] [--concurrency 1,8]
+    .venv/bin/python scripts/envoy_bench.py latency [--requests 2000] [--concurrency 1,8]
+    .venv/bin/python scripts/envoy_bench.py load [--concurrent 500] [--requests 2000]
 
-Two Envoys run the committed example (examples/envoy/envoy.yaml) in front of the same
-replica, which answers instantly (so the difference is all routing):
+Processes (all loopback): a replica (aiohttp, one process; answers at once, or streams
+SSE chunks), epick (``epick serve``, its own process: load, prefix-cache, lora-affinity),
+three Envoys on the committed examples, and this process as the client:
 
-    with epick     ext_proc -> epick (default policies: load, prefix-cache, lora-affinity)
-                   -> ORIGINAL_DST to the replica epick picked
-    without        the same file with the ext_proc filter disabled -> the replica directly
+    envoy            examples/envoy/envoy.yaml with the ext_proc filter disabled: the
+                     replica directly (the baseline)
+    buffered         examples/envoy/envoy.yaml (BUFFERED request body -> epick)
+    streamed         examples/envoy/envoy-streaming.yaml (FULL_DUPLEX_STREAMED request and
+                     response bodies through epick, upstream's mode)
 
-Requests alternate between the two in blocks of 50, so machine noise hits both alike. It
-prints p50/p99 latency per path and their differences ("added"), per concurrency.
-Latency goals are not asserted anywhere; this script only reports.
+``latency``: each client thread alternates the three paths in blocks of 50 requests, so
+machine noise hits all alike; prints p50/p99 per path and what each mode adds over Envoy
+alone. ``load``: ``--concurrent`` streaming requests in flight at once (asyncio), per mode,
+each reading a whole SSE answer; prints status counts (5xx split into epick's JSON errors
+and Envoy's own), the peak in-flight count and latency. Nothing is asserted; it reports.
 """
 
 from __future__ import annotations
@@ -19,22 +26,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing as mp
+import os
+import socket
+import subprocess
 import sys
-import threading
+import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import anyio
+import aiohttp
 import httpx
-import msgspec
 import numpy as np
 
-from epick import config as cfg
-from epick.api.ext_proc_envoy import EXAMPLE, Envoy, render
-from epick.service import Service
+from epick.api.ext_proc_envoy import EXAMPLE, STREAMING, Envoy, render
 
+ROOT = Path(__file__).resolve().parents[1]
 PAGE = """# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{model_name="base"} 0.0
 # TYPE vllm:num_requests_waiting gauge
@@ -43,76 +52,96 @@ vllm:num_requests_waiting{model_name="base"} 0.0
 vllm:kv_cache_usage_perc{model_name="base"} 0.1
 """
 ANSWER = json.dumps({"object": "text_completion", "choices": [
-    {"index": 0, "text": "hello", "finish_reason": "stop"}]}).encode()
+    {"index": 0, "text": "hello", "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 10, "completion_tokens": 1}}).encode()
 
 
-class InstantReplica(ThreadingHTTPServer):
-    """A model server that answers at once: /metrics and any POST."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def _send(self, body: bytes, ctype: str) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self) -> None:  # noqa: N802
-                self._send(PAGE.encode(), "text/plain")
-
-            def do_POST(self) -> None:  # noqa: N802
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                self._send(ANSWER, "application/json")
-
-            def log_message(self, *args) -> None:
-                pass
-
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server_address[1]}"
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def start_epick(address: str, tmp: Path):
-    conf = msgspec.convert({
-        "version": 1,
-        "server": {"listen": "127.0.0.1:0", "metrics_listen": ""},
-        "admin": {"listen": ""},
-        "pool": {"endpoints": [{"address": address}]},
-        "policies": [{"name": p, "module": p} for p in ("load", "prefix-cache", "lora-affinity")],
-        "runtime": {"cache_dir": str(tmp)},
-        "ext_proc": {"listen": "127.0.0.1:0", "base_model": "base"},
-    }, cfg.Config)
-    ready, box = threading.Event(), {}
+def replica_main(port: int, chunks: int, chunk_delay_s: float) -> None:
+    """The replica process: /metrics, and POST answers (JSON, or SSE when stream: true)."""
+    from aiohttp import web
 
-    async def main() -> None:
-        service = Service(conf)
-        async with anyio.create_task_group() as tg:
-            await tg.start(service.run)
-            box["service"], box["loop"] = service, asyncio.get_running_loop()
-            ready.set()
+    async def metrics(_request):
+        return web.Response(text=PAGE)
 
-    thread = threading.Thread(target=lambda: anyio.run(main, backend="asyncio"), daemon=True)
-    thread.start()
-    if not ready.wait(30):
-        sys.exit("epick did not start within 30 s")
-    return box["service"], box["loop"], thread
+    async def complete(request):
+        doc = json.loads(await request.read())
+        if not doc.get("stream"):
+            return web.Response(body=ANSWER, content_type="application/json")
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(chunks):
+            if i:
+                await asyncio.sleep(chunk_delay_s)
+            await resp.write(b'data: {"choices":[{"index":0,"text":"t%d"}]}\n\n' % i)
+        await resp.write(b'data: {"choices":[],"usage":{"prompt_tokens":10,'
+                         b'"completion_tokens":%d}}\n\ndata: [DONE]\n\n' % chunks)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/completions", complete)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, backlog=4096,
+                access_log=None)
 
 
-def run(urls: dict[str, str], requests: int, concurrency: int) -> dict[str, np.ndarray]:
+def wait_port(port: int, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    sys.exit(f"{what} did not listen on port {port} within {timeout_s} s")
+
+
+def start_epick(replica: str, work: Path) -> tuple[subprocess.Popen, int]:
+    ext_proc = free_port()
+    conf = work / "epick.toml"
+    lines = ["version = 1", "[server]", f'listen = "127.0.0.1:{free_port()}"',
+             'metrics_listen = ""', "[admin]", 'listen = ""', "[runtime]",
+             f'cache_dir = "{work / "cache"}"', "[ext_proc]",
+             f'listen = "127.0.0.1:{ext_proc}"', 'base_model = "base"', "[pool]",
+             "[[pool.endpoints]]", f'address = "{replica}"']
+    for p in ("load", "prefix-cache", "lora-affinity"):
+        lines += ["[[policies]]", f'name = "{p}"', f'module = "{p}"']
+    conf.write_text("\n".join(lines) + "\n")
+    log = open(work / "epick.log", "wb")  # noqa: SIM115 (closed with the process)
+    proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "epick"), "--log-level", "WARNING",
+                             "serve", "--config", str(conf)], stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL)
+    wait_port(ext_proc, "epick")
+    return proc, ext_proc
+
+
+def envoys(ext_proc: int, replica: str) -> dict[str, Envoy]:
+    kw = {"ext_proc_port": ext_proc, "replicas": [replica], "access_log": False}
+    return {
+        "envoy": Envoy(render(EXAMPLE.read_text(), ext_proc=False, **kw)),
+        "buffered": Envoy(render(EXAMPLE.read_text(), **kw)),
+        "streamed": Envoy(render(STREAMING.read_text(), **kw)),
+    }
+
+
+# -- latency ---------------------------------------------------------------------------------
+
+def latency(urls: dict[str, str], requests: int, concurrency: int, stream: bool
+            ) -> dict[str, np.ndarray]:
     """Latencies (s) per path; requests alternate paths in blocks of 50 per worker."""
-    body = json.dumps({"model": "base", "max_tokens": 16,
+    body = json.dumps({"model": "base", "max_tokens": 16, "stream": stream,
                        "prompt": "You are a helpful assistant. " * 30 + "Say hi."}).encode()
     per_worker = max(1, requests // concurrency)
 
     def worker(_i: int) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {k: [] for k in urls}
-        clients = {k: httpx.Client(base_url=u, timeout=10) for k, u in urls.items()}
+        clients = {k: httpx.Client(base_url=u, timeout=30) for k, u in urls.items()}
         try:
             for c in clients.values():  # warm the connections
                 c.post("/v1/completions", content=body)
@@ -137,41 +166,137 @@ def run(urls: dict[str, str], requests: int, concurrency: int) -> dict[str, np.n
     return {k: np.array([x for p in parts for x in p[k]]) for k in urls}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=2000, help="per path and concurrency")
-    ap.add_argument("--concurrency", default="1,8", help="comma-separated client counts")
-    ap.add_argument("--json", type=Path, help="also write the numbers here")
-    args = ap.parse_args()
-
-    import tempfile
-    replica = InstantReplica()
-    tmp = Path(tempfile.mkdtemp(prefix="epick-bench-"))
-    service, loop, thread = start_epick(replica.address, tmp)
+def run_latency(args, urls: dict[str, str]) -> dict:
     report = {"requests": args.requests, "runs": []}
-    with Envoy(render(EXAMPLE.read_text(), ext_proc_port=service.ext_proc_port,
-                      replicas=[replica.address], access_log=False)) as with_epick, \
-         Envoy(render(EXAMPLE.read_text(), ext_proc_port=service.ext_proc_port,
-                      replicas=[replica.address], access_log=False, ext_proc=False)) as without:
-        urls = {"envoy+epick": with_epick.url, "envoy": without.url}
-        print(f"{'concurrency':>11} {'path':<12} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'conc':>4} {'answer':<6} {'path':<10} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'+p50 ms':>8} {'+p99 ms':>8}")
+    for stream in (False, True):
         for conc in (int(c) for c in args.concurrency.split(",")):
-            t0 = time.perf_counter()
-            lat = run(urls, args.requests, conc)
-            wall = time.perf_counter() - t0
-            row = {"concurrency": conc}
+            lat = latency(urls, args.requests, conc, stream)
+            row = {"concurrency": conc, "stream": stream}
+            base50, base99 = (np.percentile(lat["envoy"], q) * 1e3 for q in (50, 99))
             for name, xs in lat.items():
                 p50, p99 = np.percentile(xs, 50) * 1e3, np.percentile(xs, 99) * 1e3
-                row[name] = {"p50_ms": round(p50, 3), "p99_ms": round(p99, 3), "n": len(xs)}
-                print(f"{conc:>11} {name:<12} {p50:>8.2f} {p99:>8.2f}")
-            added50 = row["envoy+epick"]["p50_ms"] - row["envoy"]["p50_ms"]
-            added99 = row["envoy+epick"]["p99_ms"] - row["envoy"]["p99_ms"]
-            row["added_p50_ms"], row["added_p99_ms"] = round(added50, 3), round(added99, 3)
-            print(f"{conc:>11} {'added':<12} {added50:>8.2f} {added99:>8.2f}   "
-                  f"({sum(map(len, lat.values())) / wall:.0f} req/s both paths together)")
+                row[name] = {"p50_ms": round(p50, 3), "p99_ms": round(p99, 3), "n": len(xs),
+                             "added_p50_ms": round(p50 - base50, 3),
+                             "added_p99_ms": round(p99 - base99, 3)}
+                added = ("" if name == "envoy"
+                         else f"{p50 - base50:>8.2f} {p99 - base99:>8.2f}")
+                print(f"{conc:>4} {'sse' if stream else 'json':<6} {name:<10} {p50:>8.2f} "
+                      f"{p99:>8.2f} {added}")
             report["runs"].append(row)
-    loop.call_soon_threadsafe(service.stop)
-    thread.join(15)
+    return report
+
+
+# -- load ------------------------------------------------------------------------------------
+
+async def load_one(url: str, concurrent: int, requests: int) -> dict:
+    body = {"model": "base", "prompt": "You are a helpful assistant. " * 30, "stream": True,
+            "stream_options": {"include_usage": True}}
+    statuses: Counter = Counter()
+    errors: Counter = Counter()
+    lat: list[float] = []
+    inflight = peak = 0
+    todo = iter(range(requests))
+    connector = aiohttp.TCPConnector(limit=concurrent + 10, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+
+        async def worker() -> None:
+            nonlocal inflight, peak
+            for _ in todo:
+                inflight += 1
+                peak = max(peak, inflight)
+                t0 = time.perf_counter()
+                try:
+                    async with http.post(f"{url}/v1/completions", json=body) as resp:
+                        raw = await resp.read()
+                        statuses[resp.status] += 1
+                        if resp.status >= 500:
+                            kind = ("epick" if resp.content_type == "application/json"
+                                    else "envoy")
+                            errors[f"{kind}: {raw[:160].decode(errors='replace')}"] += 1
+                        elif resp.status == 200 and not raw.endswith(b"data: [DONE]\n\n"):
+                            errors["200 but the stream was cut"] += 1
+                except (TimeoutError, aiohttp.ClientError) as exc:
+                    statuses["client error"] += 1
+                    errors[repr(exc)[:160]] += 1
+                finally:
+                    inflight -= 1
+                    lat.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrent)))
+        wall = time.perf_counter() - t0
+    xs = np.array(lat)
+    return {"statuses": {str(k): v for k, v in statuses.items()}, "errors": dict(errors),
+            "peak_in_flight": peak, "wall_s": round(wall, 2),
+            "req_per_s": round(requests / wall, 1),
+            "p50_ms": round(float(np.percentile(xs, 50)) * 1e3, 1),
+            "p99_ms": round(float(np.percentile(xs, 99)) * 1e3, 1)}
+
+
+def run_load(args, urls: dict[str, str]) -> dict:
+    report = {"concurrent": args.concurrent, "requests": args.requests, "chunks": args.chunks,
+              "chunk_delay_s": args.chunk_delay, "paths": {}}
+    for name in ("envoy", "buffered", "streamed"):
+        row = asyncio.run(load_one(urls[name], args.concurrent, args.requests))
+        report["paths"][name] = row
+        print(f"{name:<9} statuses={row['statuses']} peak_in_flight={row['peak_in_flight']} "
+              f"{row['req_per_s']} req/s p50={row['p50_ms']} ms p99={row['p99_ms']} ms")
+        for what, n in row["errors"].items():
+            print(f"          {n} x {what}")
+    return report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["latency", "load"])
+    ap.add_argument("--requests", type=int, default=2000,
+                    help="latency: per path and concurrency; load: per path")
+    ap.add_argument("--concurrency", default="1,8", help="latency: client threads (list)")
+    ap.add_argument("--concurrent", type=int, default=500, help="load: requests in flight")
+    ap.add_argument("--chunks", type=int, default=None,
+                    help="SSE events per streamed answer (latency 1, load 20)")
+    ap.add_argument("--chunk-delay", type=float, default=0.02, help="seconds between events")
+    ap.add_argument("--json", type=Path, help="also write the numbers here")
+    args = ap.parse_args()
+    if args.chunks is None:
+        args.chunks = 1 if args.what == "latency" else 20
+
+    work = Path(tempfile.mkdtemp(prefix="epick-bench-"))
+    port = free_port()
+    replica = mp.get_context("spawn").Process(
+        target=replica_main, args=(port, args.chunks, args.chunk_delay), daemon=True)
+    replica.start()
+    epick = None
+    try:
+        wait_port(port, "the replica")
+        epick, ext_proc = start_epick(f"127.0.0.1:{port}", work)
+        started = envoys(ext_proc, f"127.0.0.1:{port}")
+        try:
+            for e in started.values():
+                e.start()
+            urls = {k: e.url for k, e in started.items()}
+            for url in urls.values():  # epick is serving once a routed request succeeds
+                deadline = time.monotonic() + 30
+                while httpx.post(f"{url}/v1/completions", json={"model": "base"},
+                                 timeout=10).status_code != 200:
+                    if time.monotonic() > deadline:
+                        sys.exit(f"{url}: not routing after 30 s (see {work}/epick.log)")
+                    time.sleep(0.2)
+            print(f"# {os.cpu_count()} CPUs; {args.what}; replica streams {args.chunks} events "
+                  f"{args.chunk_delay * 1e3:.0f} ms apart")
+            report = run_latency(args, urls) if args.what == "latency" else run_load(args, urls)
+        finally:
+            for e in started.values():
+                e.stop()
+    finally:
+        if epick is not None:
+            epick.terminate()
+            epick.wait(10)
+        replica.terminate()
+        replica.join(10)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

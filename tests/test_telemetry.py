@@ -20,6 +20,9 @@ EXPECTED = {
     "epick_snapshot_endpoints": ("gauge", ()),
     "epick_shadow_agreement": ("counter", ("policy", "agree")),
     "epick_shadow_score_delta": ("histogram", ("policy",)),
+    "epick_completions": ("counter", ("status",)),
+    "epick_completion_tokens": ("counter", ("kind",)),
+    "epick_ttft_seconds": ("histogram", ()),
 }
 
 

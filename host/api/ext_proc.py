@@ -1,28 +1,37 @@
 """Envoy's ``envoy.service.ext_proc.v3.ExternalProcessor``, answered by epick's scheduler.
 
-An unmodified Envoy routes through epick with its ext_proc HTTP filter (the example and
-the whole story: ``examples/envoy/envoy.yaml``, ``docs/envoy.md``). One gRPC stream per
-HTTP request; what epick answers to each message Envoy sends::
+An unmodified Envoy routes through epick with its ext_proc HTTP filter (the examples and
+the whole story: ``examples/envoy/``, ``docs/envoy.md``). One gRPC stream per HTTP
+request. The body mode is the one Envoy announces (``protocol_config`` on the first
+message; none announced = BUFFERED):
 
-    request_headers     remember them; CONTINUE (the body follows; buffered)
-                        a body-less request (GET /v1/models) is scheduled right here
-    request_body        (BUFFERED: the whole body, end_of_stream) -> schedule ->
-                          header x-gateway-destination-endpoint = primary[,fallbacks]
-                          dynamic metadata {<namespace>: {x-gateway-destination-endpoint: same}}
-                          clear_route_cache
-                        Shed -> immediate 429, Unavailable -> 503, malformed -> 400
-                        (JSON errors, OpenAI-style), a partial body -> 413
-    response_headers    remember :status; add x-gateway-destination-endpoint and
-                        x-epick-decision-id to the response
-    response_body/trailers  (if Envoy sends them) CONTINUE; end_of_stream = complete
-    stream end          ReportCompletion: OK (status < 400), ERROR (>= 400), CANCELLED
-                        (no response, or a streamed response body that never ended)
+``FULL_DUPLEX_STREAMED`` (upstream's mode; GIE proposal 004 says a picker MUST support it)::
 
-That is upstream's endpoint-picker protocol (gateway-api-inference-extension, proposal
-004): the same header, the same ``envoy.lb`` metadata namespace and key, the same
-comma-separated ``primary,fallback,...`` value, and the served endpoint read back from
-``metadata_context[<namespace>]["x-gateway-destination-endpoint-served"]`` when the data
-plane forwards it.
+    request_headers    held: no answer yet (a body-less request is scheduled right here)
+    request_body ...   chunks kept until end_of_stream (over max_body_bytes -> 413), then
+                       schedule -> the headers answer (destination header, envoy.lb
+                       metadata, clear_route_cache, Content-Length when the model was
+                       rewritten), then the body streamed back (the same chunks)
+    response_headers   answered (decision id; the destination only if expose_endpoint)
+    response_body ...  every chunk streamed back as it comes; usage and TTFT read from it;
+                       at end_of_stream the completion is reported
+
+``BUFFERED`` (the whole body in one message)::
+
+    request_headers    CONTINUE            request_body   schedule -> the same mutations
+    response_*         CONTINUE (usage read from bodies if Envoy sends them)
+
+Any mode: the first immediate response (400 malformed, 413 too large, 429 shed, 503
+nothing eligible — with ``x-llm-d-request-dropped-reason``) is the last message: the
+stream then ends. ReportCompletion happens once: at the response's end_of_stream (or
+trailers), else when the stream ends — OK (status < 400), ERROR (>= 400), CANCELLED (no
+response, or a streamed response that never ended: the client left).
+
+Upstream's protocol, kept: the header ``x-gateway-destination-endpoint`` and the
+``envoy.lb`` metadata carry ``primary[,fallbacks]``; the served endpoint is read back from
+``metadata_context[<namespace>]["x-gateway-destination-endpoint-served"]``; a subset hint
+``metadata_context["envoy.lb.subset_hint"]["x-gateway-destination-endpoint-subset"]``
+restricts the pick to those endpoints (none eligible: 503).
 
 ``failure_mode`` covers epick failing to decide (a bug: an unexpected exception): ``open``
 lets the request through with no destination header — Envoy's route for requests without
@@ -50,7 +59,9 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2_grpc
 
 from epick import abi
-from epick.api.ext_proc_request import InvalidArgument, to_request
+from epick.api.openai_request import InvalidArgument, OpenAIRequest, translate
+from epick.api.picker import pin_of, to_request
+from epick.api.usage import UsageReader
 from epick.config import ExtProcConfig
 from epick.scheduler.scheduler import Decision, Scheduler, Shed, Unavailable
 
@@ -60,6 +71,9 @@ __all__ = [
     "DESTINATION_HEADER",
     "SERVED_KEY",
     "DECISION_HEADER",
+    "DROPPED_REASON_HEADER",
+    "SUBSET_NAMESPACE",
+    "SUBSET_KEY",
     "SERVICE_NAME",
 ]
 
@@ -71,14 +85,22 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 #: Response header carrying the decision id (to correlate logs, or report by hand).
 DECISION_HEADER = "x-epick-decision-id"
+#: Upstream's header on a 429/503 that says why the request was dropped.
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
+#: Where a data plane puts the endpoints a pick must come from (proposal 004).
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 
 SERVICE_NAME = ep.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
 #: Largest ProcessingRequest accepted (a buffered body and its headers).
 MAX_MESSAGE_BYTES = 16 << 20
+#: Largest body chunk sent back to Envoy (upstream's value: some data planes cap at 64 KiB).
+CHUNK_BYTES = 62_000
 
+_Mode = processing_mode_pb2.ProcessingMode
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-_BUFFERED = (processing_mode_pb2.ProcessingMode.BUFFERED,
-             processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL)
+_BUFFERED = (_Mode.BUFFERED, _Mode.BUFFERED_PARTIAL)
+_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
 
 
 def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
@@ -92,184 +114,365 @@ def _headers(msg: ep.HttpHeaders) -> dict[str, str]:
             for h in msg.headers.headers}
 
 
-def immediate(status: int, message: str, kind: str) -> ep.ProcessingResponse:
-    """An OpenAI-style JSON error Envoy sends to the client instead of forwarding."""
+def immediate(status: int, message: str, kind: str, *, reason: str = "") -> ep.ProcessingResponse:
+    """An OpenAI-style JSON error Envoy sends to the client instead of forwarding.
+
+    ``reason`` fills upstream's ``x-llm-d-request-dropped-reason`` (429 and 503)."""
     body = json.dumps({"error": {"message": message, "type": kind, "code": status}})
+    headers = [_header("content-type", "application/json")]
+    if reason:
+        headers.append(_header(DROPPED_REASON_HEADER, reason))
     return ep.ProcessingResponse(immediate_response=ep.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=status),
-        headers=ep.HeaderMutation(set_headers=[_header("content-type", "application/json")]),
+        headers=ep.HeaderMutation(set_headers=headers),
         body=body.encode(),
         details=f"epick_{kind}",
     ))
 
 
-class _Stream:
-    """One HTTP request's ext_proc conversation (one gRPC stream)."""
+def _streamed(kind: str, chunk: bytes, eos: bool) -> ep.ProcessingResponse:
+    body = ep.BodyResponse(response=ep.CommonResponse(body_mutation=ep.BodyMutation(
+        streamed_response=ep.StreamedBodyResponse(body=chunk, end_of_stream=eos))))
+    return (ep.ProcessingResponse(request_body=body) if kind == "request"
+            else ep.ProcessingResponse(response_body=body))
 
-    __slots__ = ("svc", "headers", "decision", "status", "body_streamed", "response_done",
-                 "served", "reported")
+
+def _subset(ctx: base_pb2.Metadata) -> list[str] | None:
+    """The subset hint's endpoints, ``None`` without one; ValueError if it is malformed."""
+    ns = ctx.filter_metadata.get(SUBSET_NAMESPACE)
+    if ns is None or SUBSET_KEY not in ns.fields:
+        return None
+    value = ns.fields[SUBSET_KEY]
+    if value.WhichOneof("kind") != "list_value":
+        raise ValueError(f"metadata {SUBSET_NAMESPACE}/{SUBSET_KEY} must be a list of "
+                         f"\"host:port\" strings, got a {value.WhichOneof('kind')}")
+    out = []
+    for i, v in enumerate(value.list_value.values):
+        if v.WhichOneof("kind") != "string_value":
+            raise ValueError(f"metadata {SUBSET_NAMESPACE}/{SUBSET_KEY}[{i}] must be a "
+                             f"\"host:port\" string, got a {v.WhichOneof('kind')}")
+        out.append(v.string_value.strip())
+    return out
+
+
+class _Stream:
+    """One HTTP request's ext_proc conversation (one gRPC stream).
+
+    ``handle`` answers one message with zero or more messages; after it sets ``ended``
+    (an immediate response was sent) the stream must end.
+    """
+
+    __slots__ = ("svc", "duplex", "response_mode", "headers", "chunks", "size", "subset",
+                 "subset_error", "started", "decision", "status", "response_started",
+                 "response_done", "served", "reported", "usage", "ended")
 
     def __init__(self, svc: ExtProcService) -> None:
         self.svc = svc
+        self.duplex = False
+        self.response_mode = _Mode.NONE
         self.headers: dict[str, str] = {}
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.subset: list[str] | None = None
+        self.subset_error = ""
+        self.started = time.perf_counter()
         self.decision: Decision | None = None
         self.status: int | None = None
-        self.body_streamed = False
+        self.response_started = False
         self.response_done = False
         self.served = ""
         self.reported = False
+        self.usage: UsageReader | None = None
+        self.ended = False
 
-    def handle(self, msg: ep.ProcessingRequest) -> ep.ProcessingResponse:
+    # -- dispatch -------------------------------------------------------------------
+
+    def handle(self, msg: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         if msg.HasField("metadata_context"):
-            self._read_served(msg.metadata_context)
+            self._read_metadata(msg.metadata_context)
         kind = msg.WhichOneof("request")
         if kind == "request_headers":
-            self.headers = _headers(msg.request_headers)
-            if msg.request_headers.end_of_stream:
-                return self._route(None, body_phase=False)
-            if (msg.HasField("protocol_config")
-                    and msg.protocol_config.request_body_mode not in _BUFFERED):
-                return immediate(500, "epick ext_proc needs the whole request body: set "
-                                 "processing_mode.request_body_mode to BUFFERED in Envoy",
-                                 "server_error")
-            return ep.ProcessingResponse(request_headers=ep.HeadersResponse())
+            return self._request_headers(msg)
         if kind == "request_body":
-            if not msg.request_body.end_of_stream:
-                return immediate(413, "request body too large for Envoy's buffer (epick ext_proc "
-                                 "needs the whole body; request_body_mode must be BUFFERED)",
-                                 "invalid_request_error")
-            return self._route(msg.request_body.body, body_phase=True)
+            return self._request_body(msg.request_body)
         if kind == "request_trailers":
-            return ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
+            if self.duplex and self.decision is None:  # the body ended with trailers
+                out = self._route(end=False)
+                if not self.ended:
+                    out.append(ep.ProcessingResponse(request_trailers=ep.TrailersResponse()))
+                return out
+            return [ep.ProcessingResponse(request_trailers=ep.TrailersResponse())]
         if kind == "response_headers":
-            return self._response_headers(msg.response_headers)
+            return [self._response_headers(msg.response_headers)]
         if kind == "response_body":
-            self.body_streamed = True
-            self.response_done = self.response_done or msg.response_body.end_of_stream
-            return ep.ProcessingResponse(response_body=ep.BodyResponse())
+            return [self._response_body(msg.response_body)]
         if kind == "response_trailers":
-            self.response_done = True
-            return ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
-        return immediate(500, f"epick ext_proc: unexpected message {kind!r}", "server_error")
+            self._response_end()
+            return [ep.ProcessingResponse(response_trailers=ep.TrailersResponse())]
+        return self._end(immediate(500, f"epick ext_proc: unexpected message {kind!r}",
+                                   "server_error"))
 
-    def _route(self, body: bytes | None, *, body_phase: bool) -> ep.ProcessingResponse:
+    def _end(self, response: ep.ProcessingResponse) -> list[ep.ProcessingResponse]:
+        self.ended = True
+        return [response]
+
+    # -- the request ------------------------------------------------------------------
+
+    def _request_headers(self, msg: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+        self.headers = _headers(msg.request_headers)
+        self.started = time.perf_counter()
+        mode = _Mode.BUFFERED
+        if msg.HasField("protocol_config"):
+            mode = msg.protocol_config.request_body_mode
+            self.response_mode = msg.protocol_config.response_body_mode
+        self.duplex = mode == _DUPLEX
+        if msg.request_headers.end_of_stream:
+            return self._route(end=None)
+        if mode != _DUPLEX and mode not in _BUFFERED:
+            name = _Mode.BodySendMode.Name(mode)
+            return self._end(immediate(
+                500, f"epick ext_proc reads the request body before it routes, and Envoy "
+                f"sends it in mode {name}: set processing_mode.request_body_mode to "
+                "FULL_DUPLEX_STREAMED (upstream's mode) or BUFFERED", "server_error"))
+        if self.duplex:
+            return []  # the answer waits for the body: the destination depends on it
+        return [ep.ProcessingResponse(request_headers=ep.HeadersResponse())]
+
+    def _request_body(self, body: ep.HttpBody) -> list[ep.ProcessingResponse]:
+        limit = self.svc.config.max_body_bytes
+        self.size += len(body.body)
+        if self.size > limit:
+            return self._end(immediate(
+                413, f"request body too large: over epick's limit of {limit} bytes "
+                "([ext_proc] max_body_bytes)", "invalid_request_error"))
+        if not self.duplex:
+            if not body.end_of_stream:
+                return self._end(immediate(
+                    413, "request body too large for Envoy's buffer (in BUFFERED mode epick "
+                    "needs the whole body in one message; raise "
+                    "per_connection_buffer_limit_bytes or use FULL_DUPLEX_STREAMED)",
+                    "invalid_request_error"))
+            self.chunks.append(body.body)
+            return self._route(end=True)
+        self.chunks.append(body.body)
+        if not body.end_of_stream:
+            return []
+        return self._route(end=True)
+
+    def _route(self, *, end: bool | None) -> list[ep.ProcessingResponse]:
+        """Schedule; ``end``: None = body-less, True = the body ended, False = trailers
+        follow the body."""
         svc = self.svc
         t0 = time.perf_counter()
         outcome = "ok"
+        raw = b"".join(self.chunks) if len(self.chunks) != 1 else self.chunks[0]
         try:
-            request = to_request(self.headers, body, base_model=svc.config.base_model)
-            self.decision = decision = svc.scheduler.schedule(request)
+            if self.subset_error:
+                outcome = "error"
+                return self._end(immediate(500, f"epick ext_proc: {self.subset_error}",
+                                           "server_error", reason="rejected-internal"))
+            parsed = translate(self.headers, self.headers.get(":path", "/"), raw or None,
+                               base_model=svc.config.base_model,
+                               objectives=svc.config.objectives,
+                               rewrites=svc.config.model_rewrites)
+            pin = pin_of(parsed.pick, allow_pinning=svc.allow_pinning)
+            request = to_request(parsed.pick)
+            if pin:
+                decision = svc.scheduler.schedule(request, pin=pin)
+            elif self.subset is not None:
+                decision = svc.scheduler.schedule(request, subset=self.subset)
+            else:
+                decision = svc.scheduler.schedule(request)
+            self.decision = decision
         except InvalidArgument as exc:
             outcome = "invalid"
-            return immediate(400, f"malformed request: {exc}", "invalid_request_error")
+            return self._end(immediate(400, f"malformed request: {exc}",
+                                       "invalid_request_error"))
         except Shed as exc:
             outcome = exc.outcome
-            return immediate(429, f"epick: {exc}", "rate_limit_exceeded")
+            return self._end(immediate(429, f"epick: {exc}", "rate_limit_exceeded",
+                                       reason="rejected-saturated"))
         except Unavailable as exc:
             outcome = exc.outcome
-            return immediate(503, f"epick: {exc}", "service_unavailable")
+            return self._end(immediate(503, f"epick: {exc}", "service_unavailable",
+                                       reason="rejected-no-endpoints"))
         except Exception as exc:  # a bug: never take the stream down; obey failure_mode
             outcome = "error"
             log.exception("ext_proc: scheduling failed (failure_mode=%s)", svc.config.failure_mode)
             if svc.config.failure_mode == "closed":
-                return immediate(503, f"epick: internal error: {exc!r}", "service_unavailable")
+                return self._end(immediate(503, f"epick: internal error: {exc!r}",
+                                           "service_unavailable", reason="rejected-internal"))
             # Open: no destination at all (a client's own copy is dropped too), so Envoy's
             # route for requests without one serves it.
             common = ep.CommonResponse(header_mutation=ep.HeaderMutation(
                 remove_headers=[DESTINATION_HEADER]), clear_route_cache=True)
-            return self._continue(common, None, body_phase)
+            return self._continue(common, None, None, end)
         finally:
             if svc.telemetry is not None:
                 svc.telemetry.pick_done(outcome, time.perf_counter() - t0)
 
         value = ",".join([decision.endpoint, *decision.fallbacks[:svc.config.fallbacks]])
-        common = ep.CommonResponse(
-            header_mutation=ep.HeaderMutation(set_headers=[_header(DESTINATION_HEADER, value)]),
-            clear_route_cache=True,
-        )
+        set_headers = [_header(DESTINATION_HEADER, value)]
+        if parsed.rewritten:
+            set_headers.append(_header("content-length", str(len(parsed.body))))
+        common = ep.CommonResponse(header_mutation=ep.HeaderMutation(set_headers=set_headers),
+                                   clear_route_cache=True)
         metadata = struct_pb2.Struct()
         metadata.get_or_create_struct(svc.config.metadata_namespace)[DESTINATION_HEADER] = value
-        return self._continue(common, metadata, body_phase)
+        return self._continue(common, metadata, parsed, end)
 
-    @staticmethod
-    def _continue(common: ep.CommonResponse, metadata: struct_pb2.Struct | None,
-                  body_phase: bool) -> ep.ProcessingResponse:
-        resp = (ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
-                if body_phase else
-                ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common)))
+    def _continue(self, common: ep.CommonResponse, metadata: struct_pb2.Struct | None,
+                  parsed: OpenAIRequest | None, end: bool | None) -> list[ep.ProcessingResponse]:
+        """The routing answer, shaped for the mode and the phase it comes in."""
+        rewritten = parsed is not None and parsed.rewritten
+        if end is None or self.duplex:
+            first = ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common))
+        else:  # BUFFERED: the body message carries the mutations (headers are not sent yet)
+            if rewritten:
+                common.body_mutation.body = parsed.body
+            first = ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
         if metadata is not None:
-            resp.dynamic_metadata.CopyFrom(metadata)
-        return resp
+            first.dynamic_metadata.CopyFrom(metadata)
+        out = [first]
+        if end is not None and self.duplex:
+            # Stream the body back: Envoy forwards only what we return.
+            chunks = ([parsed.body[i:i + CHUNK_BYTES]
+                       for i in range(0, len(parsed.body), CHUNK_BYTES)] or [b""]
+                      if rewritten else self.chunks)
+            last = len(chunks) - 1
+            out += [_streamed("request", c, end and i == last) for i, c in enumerate(chunks)]
+        self.chunks = []
+        return out
+
+    # -- the response -----------------------------------------------------------------
 
     def _response_headers(self, msg: ep.HttpHeaders) -> ep.ProcessingResponse:
-        status = _headers(msg).get(":status", "")
+        headers = _headers(msg)
+        status = headers.get(":status", "")
         self.status = int(status) if status.isdigit() else None
-        if msg.end_of_stream:
-            self.response_done = True
+        self.response_started = True
         d = self.decision
+        if self.response_mode != _Mode.NONE and d is not None:
+            self.usage = UsageReader(headers.get("content-type", ""), self.started,
+                                     limit=self.svc.config.max_body_bytes)
+        if msg.end_of_stream:
+            self._response_end()
         if d is None:
             return ep.ProcessingResponse(response_headers=ep.HeadersResponse())
-        mutation = ep.HeaderMutation(set_headers=[
-            _header(DESTINATION_HEADER, self.served or d.endpoint),
-            _header(DECISION_HEADER, d.decision_id),
-        ])
+        mutation = ep.HeaderMutation(set_headers=[_header(DECISION_HEADER, d.decision_id)])
+        if self.svc.config.expose_endpoint:
+            mutation.set_headers.append(_header(DESTINATION_HEADER, self.served or d.endpoint))
+        else:
+            mutation.remove_headers.append(DESTINATION_HEADER)
         return ep.ProcessingResponse(response_headers=ep.HeadersResponse(
             response=ep.CommonResponse(header_mutation=mutation)))
 
-    def _read_served(self, ctx: base_pb2.Metadata) -> None:
+    def _response_body(self, body: ep.HttpBody) -> ep.ProcessingResponse:
+        if self.usage is not None:
+            self.usage.feed(body.body, time.perf_counter())
+        if body.end_of_stream:
+            self._response_end()
+        if self.response_mode == _DUPLEX:
+            return _streamed("response", body.body, body.end_of_stream)
+        return ep.ProcessingResponse(response_body=ep.BodyResponse())
+
+    def _response_end(self) -> None:
+        if self.response_done:
+            return
+        self.response_done = True
+        if self.status is not None and self.status >= 400:
+            self._report(abi.CompletionStatus.ERROR)
+        else:
+            self._report(abi.CompletionStatus.OK)
+
+    def _read_metadata(self, ctx: base_pb2.Metadata) -> None:
         ns = ctx.filter_metadata.get(self.svc.config.metadata_namespace)
         if ns is not None and SERVED_KEY in ns.fields:
             self.served = ns.fields[SERVED_KEY].string_value
+        if self.decision is None:
+            try:
+                subset = _subset(ctx)
+            except ValueError as exc:
+                self.subset_error = str(exc)
+            else:
+                if subset is not None:
+                    self.subset = subset
 
-    def finish(self) -> None:
-        """The stream ended (Envoy closes it when the HTTP stream is done): report once."""
+    # -- completion -------------------------------------------------------------------
+
+    def _report(self, status: abi.CompletionStatus) -> None:
         d = self.decision
         if d is None or self.reported:
             return
         self.reported = True
-        if self.status is None or (self.body_streamed and not self.response_done):
-            status = abi.CompletionStatus.CANCELLED
+        usage = self.usage
+        if usage is not None:
+            usage.finish()
+        self.svc.scheduler.complete(
+            decision_id=d.decision_id, endpoint=self.served or d.endpoint, status=status,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+            ttft_s=usage.ttft_s if usage else None)
+        if self.svc.on_complete is not None:
+            self.svc.on_complete(d, status, usage)
+
+    def finish(self) -> None:
+        """The stream ended (Envoy closes it when the HTTP stream is done): report once."""
+        if self.reported or self.decision is None:
+            return
+        if self.status is None:
+            self._report(abi.CompletionStatus.CANCELLED)  # no response came
+        elif self.response_mode != _Mode.NONE and not self.response_done:
+            self._report(abi.CompletionStatus.CANCELLED)  # the client left mid-answer
         elif self.status >= 400:
-            status = abi.CompletionStatus.ERROR
+            self._report(abi.CompletionStatus.ERROR)
         else:
-            status = abi.CompletionStatus.OK
-        self.svc.scheduler.complete(decision_id=d.decision_id,
-                                    endpoint=self.served or d.endpoint, status=status)
+            self._report(abi.CompletionStatus.OK)
 
 
 class ExtProcService(ep_grpc.ExternalProcessorServicer):
     """Serves ``Process`` streams from a :class:`Scheduler` on the event-loop thread.
 
-    ``telemetry`` (optional) gets ``pick_done(outcome, seconds)`` like the Pick API's.
+    ``telemetry`` (optional) gets ``pick_done(outcome, seconds)`` like the Pick API's;
+    ``on_complete(decision, status, usage)`` (optional) sees every reported completion
+    (with the :class:`UsageReader`, or ``None`` when no body was read).
     """
 
-    def __init__(self, scheduler: Scheduler, config: ExtProcConfig, telemetry=None) -> None:
+    def __init__(self, scheduler: Scheduler, config: ExtProcConfig, telemetry=None, *,
+                 allow_pinning: bool = False, on_complete=None) -> None:
         if not config.base_model:
             raise ValueError("ExtProcService needs config.base_model (ext_proc.base_model)")
         self.scheduler = scheduler
         self.config = config
         self.telemetry = telemetry
+        self.allow_pinning = allow_pinning
+        self.on_complete = on_complete
 
     async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest],
                       context) -> AsyncIterator[ep.ProcessingResponse]:
         stream = _Stream(self)
         try:
             async for msg in request_iterator:
-                yield stream.handle(msg)
+                for response in stream.handle(msg):
+                    yield response
+                if stream.ended:
+                    return  # one immediate response, then the stream ends
         finally:
             stream.finish()
 
 
 def build_server(scheduler: Scheduler, config: ExtProcConfig, *, health=None,
-                 telemetry=None) -> tuple[grpc.aio.Server, int]:
+                 telemetry=None, allow_pinning: bool = False,
+                 on_complete=None) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server (not started) serving ext_proc (and ``health``, if given) on
     ``config.listen``; returns it and the bound port. Raises OSError if it cannot bind."""
-    # A ProcessingRequest carries the whole body: allow Envoy's buffer (4 MiB in the
-    # example) plus headers, above gRPC's 4 MiB default.
+    # A ProcessingRequest carries the whole body in BUFFERED mode: allow Envoy's buffer
+    # (4 MiB in the example) plus headers, above gRPC's 4 MiB default.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
                                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     ep_grpc.add_ExternalProcessorServicer_to_server(
-        ExtProcService(scheduler, config, telemetry), server)
+        ExtProcService(scheduler, config, telemetry, allow_pinning=allow_pinning,
+                       on_complete=on_complete), server)
     if health is not None:
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
     port = server.add_insecure_port(config.listen)

@@ -24,11 +24,15 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["EXAMPLE", "EnvoyError", "find_envoy", "render", "Envoy"]
+__all__ = ["EXAMPLE", "STREAMING", "EXAMPLES", "EnvoyError", "find_envoy", "render", "Envoy"]
 
 REPO = Path(__file__).resolve().parents[2]
-#: The committed example config.
+#: The committed example config (BUFFERED request bodies).
 EXAMPLE = REPO / "examples" / "envoy" / "envoy.yaml"
+#: The committed streaming example (FULL_DUPLEX_STREAMED, upstream's mode).
+STREAMING = REPO / "examples" / "envoy" / "envoy-streaming.yaml"
+#: Body mode -> its example file.
+EXAMPLES = {"buffered": EXAMPLE, "streamed": STREAMING}
 
 
 class EnvoyError(RuntimeError):

@@ -14,7 +14,7 @@ from epick import abi
 from epick.api.gen.epick.v1 import picker_pb2, picker_pb2_grpc
 from epick.scheduler.scheduler import Scheduler, SchedulingError, Shed, Unavailable, random_seed
 
-__all__ = ["PickerService", "InvalidArgument", "to_request", "status_for"]
+__all__ = ["PickerService", "InvalidArgument", "to_request", "pin_of", "status_for"]
 
 #: Limits on request fields; beyond them a request is INVALID_ARGUMENT.
 MAX_PROMPT_BYTES = 4 << 20
@@ -99,6 +99,22 @@ def to_request(msg: picker_pb2.PickRequest) -> abi.Request:
     )
 
 
+def pin_of(msg: picker_pb2.PickRequest, *, allow_pinning: bool) -> str:
+    """The endpoint ``msg`` pins (``""``: none); refused unless pinning is allowed."""
+    pin = msg.pin_endpoint
+    if not pin:
+        return ""
+    if not allow_pinning:
+        raise InvalidArgument(
+            f"PickRequest.pin_endpoint {pin!r} is refused: pinning is off on this server "
+            "(set [server] allow_pinning = true to allow it)")
+    _check_name("PickRequest.pin_endpoint", pin)
+    host, sep, port = pin.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise InvalidArgument(f"PickRequest.pin_endpoint {pin!r} is not host:port")
+    return pin
+
+
 def status_for(exc: Exception) -> grpc.StatusCode:
     """The one mapping from errors to gRPC status codes."""
     if isinstance(exc, InvalidArgument):
@@ -132,15 +148,20 @@ def to_response(decision) -> picker_pb2.PickResponse:
 class PickerService(picker_pb2_grpc.EndpointPickerServicer):
     """Serves Pick and ReportCompletion from a :class:`Scheduler` on the event-loop thread."""
 
-    def __init__(self, scheduler: Scheduler, telemetry=None) -> None:
+    def __init__(self, scheduler: Scheduler, telemetry=None, *,
+                 allow_pinning: bool = False) -> None:
         self.scheduler = scheduler
         self.telemetry = telemetry
+        self.allow_pinning = allow_pinning
 
     async def Pick(self, request, context):
         t0 = time.perf_counter()
         outcome = "ok"
         try:
-            decision = self.scheduler.schedule(to_request(request), explain=request.explain)
+            pin = pin_of(request, allow_pinning=self.allow_pinning)
+            req = to_request(request)
+            decision = (self.scheduler.schedule(req, explain=request.explain, pin=pin) if pin
+                        else self.scheduler.schedule(req, explain=request.explain))
             return to_response(decision)
         except (InvalidArgument, SchedulingError) as exc:
             outcome = "invalid" if isinstance(exc, InvalidArgument) else exc.outcome
@@ -170,5 +191,9 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
             request_id=request.request_id,
             endpoint=request.endpoint,
             status=status,
+            prompt_tokens=request.prompt_tokens if request.HasField("prompt_tokens") else None,
+            completion_tokens=(request.completion_tokens
+                               if request.HasField("completion_tokens") else None),
+            ttft_s=request.ttft_seconds if request.HasField("ttft_seconds") else None,
         )
         return picker_pb2.CompletionAck(known=known)

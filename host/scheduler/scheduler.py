@@ -20,7 +20,7 @@ import os
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -73,6 +73,9 @@ class Recorder(Protocol):
     def shadow(self, policy: str, agree: bool, delta: float) -> None: ...
     def stages(self, filter_s: float, score_s: float, pick_s: float, hooks_s: float) -> None:
         """One successful cycle's time per stage (hooks include the shadows)."""
+    def completion(self, status: int, prompt_tokens: int | None,
+                   completion_tokens: int | None, ttft_s: float | None) -> None:
+        """A known decision completed, with what the gateway measured (None = unknown)."""
 
 
 class _NullRecorder:
@@ -86,6 +89,9 @@ class _NullRecorder:
         pass
 
     def stages(self, filter_s: float, score_s: float, pick_s: float, hooks_s: float) -> None:
+        pass
+
+    def completion(self, status, prompt_tokens, completion_tokens, ttft_s) -> None:
         pass
 
 
@@ -169,12 +175,19 @@ class Scheduler:
 
     # -- the cycle -----------------------------------------------------------------
 
-    def schedule(self, request: abi.Request, *, explain: bool = False) -> Decision:
+    def schedule(self, request: abi.Request, *, explain: bool = False,
+                 subset: Collection[str] | None = None, pin: str = "") -> Decision:
         """Pick an endpoint for ``request``; raise :class:`Shed` or :class:`Unavailable`.
 
         ``request.seed`` drives every random choice (the API layer fills a random one
         when the gateway sent none), so the same request on the same snapshot and
         policy state gives the same answer.
+
+        ``subset`` (a data plane's hint: ``host:port`` or bare ``host`` entries) keeps
+        only those endpoints; none of them eligible is :class:`Unavailable`. ``pin``
+        forces one endpoint (``host:port``): it must be fresh and serve the model, or the
+        pick is :class:`Unavailable` — never silently replaced; admission and policy
+        filters do not apply to it, and it has no fallbacks.
         """
         perf = time.perf_counter
         t_start = perf()
@@ -185,13 +198,18 @@ class Scheduler:
         candidates = tuple(range(len(endpoints)))
         why: dict[int, str] | None = {} if explain else None
 
-        for f in self.host_filters:
-            candidates = self._run_filter(f.name, f.filter, cycle, candidates, why)
-        if not candidates:
-            raise Unavailable(self._unavailable_reason(pool, request))
-        candidates = self._run_filter(
-            self.admission.name, self.admission.filter, cycle, candidates, why
-        )
+        if pin:
+            candidates = self._pinned(pool, cycle, pin)
+        else:
+            for f in self.host_filters:
+                candidates = self._run_filter(f.name, f.filter, cycle, candidates, why)
+            if subset is not None:
+                candidates = self._in_subset(pool, candidates, subset, request, why)
+            if not candidates:
+                raise Unavailable(self._unavailable_reason(pool, request))
+            candidates = self._run_filter(
+                self.admission.name, self.admission.filter, cycle, candidates, why
+            )
         if not candidates:
             raise Shed(
                 "SHEDDABLE request shed: every endpoint is over the admission thresholds "
@@ -200,7 +218,7 @@ class Scheduler:
             )
 
         skipped: list[str] = []
-        for entry in policies.filters:
+        for entry in () if pin else policies.filters:
             try:
                 kept = entry.plugin.filter(cycle, candidates)
             except PluginError as exc:
@@ -277,6 +295,37 @@ class Scheduler:
                 endpoint, decision.fallbacks, pool.version,
             )
         return decision
+
+    def _pinned(self, pool: PoolSnapshot, cycle: Cycle, pin: str) -> tuple[int, ...]:
+        index = next((i for i, e in enumerate(pool.snapshot.endpoints) if e.address == pin),
+                     None)
+        if index is None:
+            raise Unavailable(f"pinned endpoint {pin!r} is not in the pool (or has never "
+                              "reported metrics)")
+        if not pool.info[index].fresh:
+            raise Unavailable(f"pinned endpoint {pin!r} is not fresh (its metrics are stale)")
+        for f in self.host_filters:
+            if not f.filter(cycle, (index,)):
+                raise Unavailable(f"pinned endpoint {pin!r} is refused by the {f.name!r} "
+                                  "filter")
+        return (index,)
+
+    @staticmethod
+    def _in_subset(pool, candidates, subset, request, why) -> tuple[int, ...]:
+        wanted = set(subset)
+        eps = pool.snapshot.endpoints
+        kept = tuple(i for i in candidates
+                     if eps[i].address in wanted or eps[i].address.rpartition(":")[0] in wanted)
+        if why is not None:
+            for i in set(candidates) - set(kept):
+                why[i] = "subset-hint"
+        if not kept:
+            listed = ", ".join(sorted(wanted)[:8]) + (", ..." if len(wanted) > 8 else "")
+            what = f"model {request.model!r}" + (
+                f" with adapter {request.adapter!r}" if request.adapter else "")
+            raise Unavailable(f"no endpoint in the subset hint [{listed}] is fresh and "
+                              f"serves {what}")
+        return kept
 
     def _run_filter(self, name, fn, cycle, candidates, why):
         kept = fn(cycle, candidates)
@@ -367,10 +416,14 @@ class Scheduler:
         request_id: str = "",
         endpoint: str = "",
         status: int = abi.CompletionStatus.OK,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        ttft_s: float | None = None,
     ) -> bool:
         """Run the post_response hooks for a finished request; False if the id is unknown.
 
         Idempotent: a second report for the same decision is unknown and does nothing.
+        Token counts and TTFT (what the gateway read from the answer) go to the recorder.
         """
         if not decision_id and request_id:
             decision_id = self._by_request.get(request_id, "")
@@ -396,6 +449,7 @@ class Scheduler:
             except PluginError as exc:
                 self.recorder.policy_error(exc)
                 log.warning("%s", exc)
+        self.recorder.completion(int(status), prompt_tokens, completion_tokens, ttft_s)
         return True
 
     @property

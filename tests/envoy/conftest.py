@@ -3,7 +3,10 @@
 Fixtures:
     replicas(n, page=..., **kw)   start n :class:`replica.Replica` (stopped at teardown)
     epick(addresses, **ext_proc)  a Service with the ext_proc server, on its own thread
-    envoy(ext_proc_port, replicas, fail_open=False)   the committed example config, rewritten
+    envoy(ext_proc_port, replicas, fail_open=False)   a committed example config, rewritten:
+                                  every test that uses it runs twice, once per example
+                                  (``envoy_mode``: buffered = envoy.yaml, streamed =
+                                  envoy-streaming.yaml, FULL_DUPLEX_STREAMED)
 
 Envoy comes from ``.venv-envoy`` (``make envoy``). Without it the tests that use the
 ``envoy`` fixture are skipped on a developer's machine and fail under CI (CI=true), so a
@@ -23,7 +26,7 @@ from epick_service import running
 from replica import Replica
 
 from epick import config as cfg
-from epick.api.ext_proc_envoy import EXAMPLE, Envoy, EnvoyError, find_envoy, render
+from epick.api.ext_proc_envoy import EXAMPLES, Envoy, EnvoyError, find_envoy, render
 
 BASE_MODEL = "base"
 
@@ -40,11 +43,13 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-def make_config(addresses, tmp: Path, *, policies=("load",), **ext_proc) -> cfg.Config:
+def make_config(addresses, tmp: Path, *, policies=("load",), server=None,
+                **ext_proc) -> cfg.Config:
+    # Generous staleness: a busy machine must not make a live replica look stale.
     return msgspec.convert({
         "version": 1,
-        "server": {"listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0"},
-        "pool": {"scrape_interval_ms": 20, "stale_after_ms": 400, "timeout_ms": 300,
+        "server": {"listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0", **(server or {})},
+        "pool": {"scrape_interval_ms": 20, "stale_after_ms": 5000, "timeout_ms": 2000,
                  "endpoints": [{"address": a} for a in addresses]},
         "policies": [{"name": p, "module": p} for p in policies],
         "runtime": {"cache_dir": str(tmp / "cache")},
@@ -75,13 +80,21 @@ def epick(tmp_path) -> Iterator:
             running(make_config(addresses, tmp_path, **kw)))
 
 
+@pytest.fixture(params=sorted(EXAMPLES))
+def envoy_mode(request) -> str:
+    """Which committed example Envoy runs: ``buffered`` or ``streamed``."""
+    return request.param
+
+
 @pytest.fixture
-def envoy() -> Iterator:
+def envoy(envoy_mode) -> Iterator:
     started: list[Envoy] = []
 
-    def start(ext_proc_port: int, replicas: list[str], *, fail_open: bool = False) -> Envoy:
-        e = Envoy(render(EXAMPLE.read_text(), ext_proc_port=ext_proc_port, replicas=replicas,
-                         fail_open=fail_open))
+    def start(ext_proc_port: int, replicas: list[str], *, fail_open: bool = False,
+              edit=None) -> Envoy:
+        text = render(EXAMPLES[envoy_mode].read_text(), ext_proc_port=ext_proc_port,
+                      replicas=replicas, fail_open=fail_open)
+        e = Envoy(edit(text) if edit else text)
         started.append(e)
         return e.start()
 

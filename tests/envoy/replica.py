@@ -8,8 +8,11 @@
 ``POST /v1/completions`` and ``/v1/chat/completions`` answer a JSON completion naming the
 replica (``served_by``, and the header ``x-served-by``); with ``"stream": true`` they send
 ``chunks`` SSE events ``chunk_delay_s`` apart (each with ``sent_at``, the Unix time it
-was written), then ``data: [DONE]``. ``GET /v1/models``
-lists one model. Everything else is 404.
+was written), then — when the body set ``stream_options.include_usage`` — a usage event,
+then ``data: [DONE]``. Answers carry ``usage``: ``prompt_tokens`` = the prompt's words,
+``completion_tokens`` = ``chunks`` (streamed) or 1. ``delay_s`` holds every completion
+answer back that long before its headers. ``GET /v1/models`` lists one model. Everything
+else is 404.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ __all__ = ["Replica"]
 
 class Replica:
     def __init__(self, page: str | None = None, *, chunks: int = 5,
-                 chunk_delay_s: float = 0.0) -> None:
+                 chunk_delay_s: float = 0.0, delay_s: float = 0.0) -> None:
         self.page = page if page is not None else vllm_page()
         self.chunks = chunks
         self.chunk_delay_s = chunk_delay_s
+        self.delay_s = delay_s
         self.requests: list[tuple[str, dict[str, str], dict]] = []
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -72,8 +76,23 @@ class Replica:
                 else:
                     self._send(404, b"not found\n", "text/plain")
 
+            def _body(self) -> bytes:
+                if "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
+                    return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                # Envoy streams a body it got back from ext_proc (FULL_DUPLEX_STREAMED)
+                # chunked, as real model servers (uvicorn) accept.
+                parts = []
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0], 16)
+                    if size == 0:
+                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                            pass  # trailers
+                        return b"".join(parts)
+                    parts.append(self.rfile.read(size))
+                    self.rfile.readline()
+
             def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = self._body()
                 if not self.path.startswith("/v1/"):
                     self._send(404, b"not found\n", "text/plain")
                     return
@@ -81,22 +100,34 @@ class Replica:
                 with replica._lock:
                     replica.requests.append(
                         (self.path, {k.lower(): v for k, v in self.headers.items()}, doc))
+                prompt = doc.get("prompt", "")
+                words = len(prompt.split()) if isinstance(prompt, str) else 0
+                if replica.delay_s:
+                    time.sleep(replica.delay_s)
                 if not doc.get("stream"):
                     self._send(200, json.dumps({
                         "object": "text_completion", "model": doc.get("model"),
                         "choices": [{"index": 0, "text": "hello", "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": words, "completion_tokens": 1},
                         "served_by": replica.address}).encode(), "application/json")
                     return
+                usage = (doc.get("stream_options") or {}).get("include_usage")
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.send_header("x-served-by", replica.address)
                 self.end_headers()
-                for i in range(replica.chunks + 1):
-                    if i and replica.chunk_delay_s:
+                events = [json.dumps({"choices": [{"index": 0, "text": f"t{i}"}]})
+                          for i in range(replica.chunks)]
+                if usage:
+                    events.append(json.dumps({"choices": [], "usage": {
+                        "prompt_tokens": words, "completion_tokens": replica.chunks}}))
+                events.append("[DONE]")
+                for i, event in enumerate(events):
+                    if i and i < replica.chunks and replica.chunk_delay_s:
                         time.sleep(replica.chunk_delay_s)
-                    event = "[DONE]" if i == replica.chunks else json.dumps(
-                        {"choices": [{"index": 0, "text": f"t{i}"}], "sent_at": time.time()})
+                    if i < replica.chunks:
+                        event = event[:-1] + f', "sent_at": {time.time()!r}}}'
                     data = f"data: {event}\n\n".encode()
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                     self.wfile.flush()

@@ -35,6 +35,10 @@ def test_envoy_fails_closed_with_503_when_epick_is_unreachable(replicas, envoy):
     assert all(r.requests == [] for r in pool)
 
 
+# Buffered only: in FULL_DUPLEX_STREAMED, Envoy 1.40 answers 503 when the ext_proc stream
+# fails after it has sent body chunks, failure_mode_allow or not (the body is consumed);
+# seen here: one request got through, the next got 503. docs/envoy.md says so.
+@pytest.mark.parametrize("envoy_mode", ["buffered"])
 def test_envoy_fails_open_to_round_robin_when_epick_is_unreachable(replicas, envoy):
     pool = replicas(2, IDLE)
     proxy = envoy(closed_port(), [r.address for r in pool], fail_open=True)
@@ -45,7 +49,7 @@ def test_envoy_fails_open_to_round_robin_when_epick_is_unreachable(replicas, env
 
 
 def _break_scheduler(svc) -> None:
-    def schedule(request, *, explain=False):
+    def schedule(request, **kw):
         raise RuntimeError("policy set exploded")
 
     svc.call(setattr, svc.service.scheduler, "schedule", schedule)
@@ -74,6 +78,7 @@ def test_epick_failing_closed_answers_503(replicas, epick, envoy):
     with httpx.Client(base_url=proxy.url, timeout=10) as client:
         resp = client.post("/v1/completions", json=BODY)
     assert resp.status_code == 503
+    assert resp.headers["x-llm-d-request-dropped-reason"] == "rejected-internal"
     assert resp.json() == {"error": {
         "message": "epick: internal error: RuntimeError('policy set exploded')",
         "type": "service_unavailable", "code": 503}}

@@ -1,16 +1,23 @@
-"""A real Envoy running examples/envoy/envoy.yaml routes every request where epick says."""
+"""A real Envoy running the committed examples routes every request where epick says.
+
+Every test runs twice (``envoy_mode``): ``buffered`` runs examples/envoy/envoy.yaml,
+``streamed`` runs examples/envoy/envoy-streaming.yaml (FULL_DUPLEX_STREAMED, upstream's
+mode). A few tests are streamed-only: in the buffered example the answer never passes
+through epick (``response_body_mode: NONE``), so there is no usage to read there.
+"""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import time
+from collections import Counter
 
 import httpx
 import pytest
 from fakes import vllm_page
 
-from epick.api.ext_proc_envoy import EXAMPLE, find_envoy
+from epick.api.ext_proc_envoy import EXAMPLES, find_envoy
 
 BUSY = vllm_page(waiting=40, running=20, kv=0.95)
 IDLE = vllm_page(waiting=0, running=0, kv=0.05)
@@ -25,7 +32,7 @@ def stack(replicas, epick, envoy):
     """Three replicas (the first one saturated), epick with the load policy, Envoy."""
     busy, *idle = replicas(1, BUSY) + replicas(2, IDLE)
     addresses = [busy.address, *(r.address for r in idle)]
-    svc = epick(addresses)
+    svc = epick(addresses, expose_endpoint=True)
     proxy = envoy(svc.ext_proc_port, addresses)
     with httpx.Client(base_url=proxy.url, timeout=10) as client:
         client.proxy_under_test = proxy
@@ -152,6 +159,7 @@ def test_a_sheddable_request_is_shed_with_429_when_every_replica_is_saturated(
                            headers={"x-criticality": "sheddable"})
         standard = client.post("/v1/completions", json=completion())
     assert shed.status_code == 429
+    assert shed.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
     assert shed.json()["error"]["type"] == "rate_limit_exceeded"
     assert shed.json()["error"]["message"] == (
         "epick: SHEDDABLE request shed: every endpoint is over the admission thresholds "
@@ -167,6 +175,7 @@ def test_no_fresh_replica_is_a_503(replicas, epick, envoy):
     with httpx.Client(base_url=proxy.url, timeout=10) as client:
         resp = client.post("/v1/completions", json=completion())
     assert resp.status_code == 503
+    assert resp.headers["x-llm-d-request-dropped-reason"] == "rejected-no-endpoints"
     assert resp.json()["error"]["type"] == "service_unavailable"
     assert resp.json()["error"]["message"].startswith("epick: no ")
 
@@ -191,18 +200,195 @@ def test_envoy_receives_the_choice_as_envoy_lb_metadata_too(stack):
         assert upstream == chosen and upstream in {r.address for r in idle}, line
 
 
-def test_the_committed_example_is_a_valid_envoy_config():
-    result = subprocess.run([str(find_envoy()), "--mode", "validate", "-c", str(EXAMPLE),
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_the_committed_examples_are_valid_envoy_configs(name):
+    path = EXAMPLES[name]
+    result = subprocess.run([str(find_envoy()), "--mode", "validate", "-c", str(path),
                              "--disable-hot-restart"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"configuration '{EXAMPLE}' OK" in result.stdout + result.stderr
+    assert f"configuration '{path}' OK" in result.stdout + result.stderr
 
 
-def test_a_body_as_large_as_envoys_buffer_is_routed_and_a_larger_one_is_413(stack):
+def test_a_body_near_the_limit_is_routed_and_a_larger_one_is_413(stack, envoy_mode):
     client, _svc, _busy, idle = stack
-    big = completion(prompt="x" * (3_900_000))  # just under the example's 4 MiB buffer
+    big = completion(prompt="x" * (3_900_000))  # just under 4 MiB: Envoy's buffer, epick's limit
     resp = client.post("/v1/completions", json=big)
     assert resp.status_code == 200, resp.text
     assert resp.headers["x-served-by"] in {r.address for r in idle}
     too_big = client.post("/v1/completions", json=completion(prompt="x" * 4_300_000))
     assert too_big.status_code == 413
+    if envoy_mode == "streamed":  # epick itself counts the streamed body
+        assert too_big.json()["error"]["message"] == (
+            "request body too large: over epick's limit of 4194304 bytes "
+            "([ext_proc] max_body_bytes)")
+    assert sum(len(r.requests) for r in idle) == 1
+
+
+def wait_for(predicate, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return predicate()
+
+
+def spy_complete(svc) -> list[dict]:
+    seen: list[dict] = []
+    complete = svc.service.scheduler.complete
+
+    def spy(**kw):
+        seen.append(kw)
+        return complete(**kw)
+
+    svc.call(setattr, svc.service.scheduler, "complete", spy)
+    return seen
+
+
+def test_the_backend_address_stays_inside_by_default(replicas, epick, envoy):
+    pool = replicas(2, IDLE)
+    addresses = [r.address for r in pool]
+    proxy = envoy(epick(addresses).ext_proc_port, addresses)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        for body in (completion(), completion(stream=True)):
+            resp = client.post("/v1/completions", json=body)
+            assert resp.status_code == 200
+            assert "x-gateway-destination-endpoint" not in resp.headers
+            assert resp.headers["x-epick-decision-id"]
+            assert resp.headers["x-served-by"] in addresses
+
+
+def test_a_model_rewrite_reaches_the_replica_with_a_consistent_body(replicas, epick, envoy):
+    (replica,) = replicas(1, IDLE)
+    proxy = envoy(epick([replica.address], model_rewrites={"chat-model": "base"}).ext_proc_port,
+                  [replica.address])
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        by_table = client.post("/v1/completions", json=completion("chat-model"))
+        by_header = client.post("/v1/completions", json=completion("whatever"),
+                                headers={"x-llm-d-model-name-rewrite": "sql-lora"})
+    assert (by_table.status_code, by_header.status_code) == (200, 200)
+    # The replica parsed each body whole: its length header (when sent) matched the new body.
+    assert [body["model"] for _p, _h, body in replica.requests] == ["base", "sql-lora"]
+    for _p, headers, body in replica.requests:
+        if "content-length" in headers:
+            assert int(headers["content-length"]) == len(
+                json.dumps(body, separators=(",", ":")).encode())
+
+
+def test_a_pinned_request_goes_to_its_endpoint_when_pinning_is_on(replicas, epick, envoy):
+    pool = replicas(3, IDLE)
+    addresses = [r.address for r in pool]
+    svc = epick(addresses, server={"allow_pinning": True})
+    proxy = envoy(svc.ext_proc_port, addresses)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        for target in addresses * 2:
+            resp = client.post("/v1/completions", json=completion(),
+                               headers={"x-epick-pin-endpoint": target})
+            assert resp.headers["x-served-by"] == target
+        gone = client.post("/v1/completions", json=completion(),
+                           headers={"x-epick-pin-endpoint": "10.9.9.9:1"})
+    assert gone.status_code == 503
+    assert gone.headers["x-llm-d-request-dropped-reason"] == "rejected-no-endpoints"
+
+
+def test_pinning_is_a_400_naming_the_setting_when_off(replicas, epick, envoy):
+    pool = replicas(1, IDLE)
+    proxy = envoy(epick([pool[0].address]).ext_proc_port, [pool[0].address])
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        resp = client.post("/v1/completions", json=completion(),
+                           headers={"x-epick-pin-endpoint": pool[0].address})
+    assert resp.status_code == 400
+    assert "set [server] allow_pinning = true" in resp.json()["error"]["message"]
+    assert pool[0].requests == []
+
+
+def _with_subset_hint(addresses: list[str]):
+    """An Envoy edit: a set_metadata filter (before ext_proc) writes the subset hint, as a
+    data plane that knows the eligible endpoints would."""
+    def edit(text: str) -> str:
+        values = "".join(f"\n                    - {a!s}" for a in addresses)
+        hint = (
+            "          - name: envoy.filters.http.set_metadata\n"
+            "            typed_config:\n"
+            '              "@type": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config\n'
+            "              metadata:\n"
+            "              - metadata_namespace: envoy.lb.subset_hint\n"
+            "                value:\n"
+            f"                  x-gateway-destination-endpoint-subset:{values or ' []'}\n")
+        anchor = "          - name: envoy.filters.http.ext_proc\n"
+        assert text.count(anchor) == 1
+        return text.replace(anchor, hint + anchor)
+    return edit
+
+
+def test_a_subset_hint_from_the_data_plane_restricts_the_pick(replicas, epick, envoy):
+    pool = replicas(3, IDLE)
+    addresses = [r.address for r in pool]
+    svc = epick(addresses)
+    proxy = envoy(svc.ext_proc_port, addresses, edit=_with_subset_hint(addresses[1:2]))
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        served = Counter(client.post("/v1/completions", json=completion()).headers["x-served-by"]
+                         for _ in range(6))
+    assert served == Counter({addresses[1]: 6})
+
+
+def test_a_subset_hint_with_nothing_eligible_is_a_503(replicas, epick, envoy):
+    pool = replicas(2, IDLE)
+    addresses = [r.address for r in pool]
+    proxy = envoy(epick(addresses).ext_proc_port, addresses,
+                  edit=_with_subset_hint(["10.9.9.9:8000"]))
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        resp = client.post("/v1/completions", json=completion())
+    assert resp.status_code == 503
+    assert resp.headers["x-llm-d-request-dropped-reason"] == "rejected-no-endpoints"
+    assert resp.json()["error"]["message"] == (
+        "epick: no endpoint in the subset hint [10.9.9.9:8000] is fresh and serves model "
+        "'base'")
+    assert all(r.requests == [] for r in pool)
+
+
+def test_a_client_that_leaves_before_the_answer_is_reported_cancelled(replicas, epick, envoy):
+    (slow,) = replicas(1, IDLE, delay_s=1.5)
+    svc = epick([slow.address])
+    seen = spy_complete(svc)
+    proxy = envoy(svc.ext_proc_port, [slow.address])
+    with httpx.Client(base_url=proxy.url, timeout=0.5) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("/v1/completions", json=completion())
+    assert wait_for(lambda: seen)
+    assert [kw["status"] for kw in seen] == [2]  # CANCELLED
+
+
+@pytest.mark.parametrize("envoy_mode", ["streamed"])
+def test_a_client_that_leaves_mid_stream_is_reported_cancelled(replicas, epick, envoy):
+    (replica,) = replicas(1, IDLE, chunks=30, chunk_delay_s=0.1)
+    svc = epick([replica.address])
+    seen = spy_complete(svc)
+    proxy = envoy(svc.ext_proc_port, [replica.address])
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        with client.stream("POST", "/v1/completions", json=completion(stream=True)) as resp:
+            assert resp.status_code == 200
+            next(resp.iter_raw())  # the first token, then the client hangs up
+    assert wait_for(lambda: seen)
+    assert [kw["status"] for kw in seen] == [2]
+
+
+@pytest.mark.parametrize("envoy_mode", ["streamed"])
+@pytest.mark.parametrize("stream", [True, False], ids=["sse", "json"])
+def test_usage_and_ttft_are_read_from_the_answer_and_reported(replicas, epick, envoy, stream):
+    (replica,) = replicas(1, IDLE, chunks=3, chunk_delay_s=0.05)
+    svc = epick([replica.address])
+    seen = spy_complete(svc)
+    proxy = envoy(svc.ext_proc_port, [replica.address])
+    body = completion(prompt="one two three four five", stream=stream)
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        resp = client.post("/v1/completions", json=body)
+    assert resp.status_code == 200
+    assert wait_for(lambda: seen)
+    (kw,) = seen
+    assert (kw["status"], kw["prompt_tokens"], kw["completion_tokens"]) == (
+        0, 5, 3 if stream else 1)
+    if stream:
+        assert 0 < kw["ttft_s"] < 10
+    else:
+        assert kw["ttft_s"] is None

@@ -45,7 +45,7 @@ def sim_fleet():
 
 def test_streamed_requests_reach_the_simulated_replica_epick_chose(sim_fleet, epick, envoy):
     svc = epick(sim_fleet, policies=("load", "prefix-cache", "lora-affinity"),
-                base_model=SIM_MODEL)
+                base_model=SIM_MODEL, expose_endpoint=True)
     proxy = envoy(svc.ext_proc_port, sim_fleet)
     served = []
     with httpx.Client(base_url=proxy.url, timeout=30) as client:

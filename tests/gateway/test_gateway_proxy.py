@@ -65,8 +65,8 @@ class LoopThread:
         self.thread.join(timeout=10)
 
 
-async def _start_gateway(target: str) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(make_app(Gateway(target, BASE)))
+async def _start_gateway(target: str, **kw) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(make_app(Gateway(target, BASE, **kw)))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -93,7 +93,7 @@ def test_a_completion_is_served_by_the_endpoint_epick_picked(world):
     r = httpx.post(f"{url}/v1/completions", json={"model": BASE, "prompt": "Hello there",
                                                   "max_tokens": 5}, timeout=30)
     assert r.status_code == 200, r.text
-    assert r.headers["x-gateway-destination-endpoint"] == r.headers["x-epick-replica"]
+    assert "x-gateway-destination-endpoint" not in r.headers  # not told by default
     assert r.headers["x-epick-replica"] in fleet.addresses
     assert r.json()["usage"]["completion_tokens"] == 5
 
@@ -184,6 +184,7 @@ def test_shed_and_unavailable_become_429_and_503(fake_vllm, tmp_path):
             r = httpx.post(f"{url}/v1/completions", json={"model": BASE, "prompt": "x"},
                            headers={"x-criticality": "sheddable"}, timeout=10)
             assert r.status_code == 429 and "shed" in r.json()["error"]["message"]
+            assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
             busy.stop()
             for _ in range(100):
                 r = httpx.post(f"{url}/v1/completions", json={"model": BASE, "prompt": "x"},
@@ -192,6 +193,7 @@ def test_shed_and_unavailable_become_429_and_503(fake_vllm, tmp_path):
                     break
                 time.sleep(0.05)
             assert r.status_code == 503
+            assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-no-endpoints"
             assert "no endpoint has fresh metrics" in r.json()["error"]["message"]
             lt.run(runner.cleanup())
     finally:
@@ -223,3 +225,100 @@ def test_a_client_that_leaves_mid_stream_is_reported_and_not_logged_as_an_error(
         time.sleep(0.02)
     assert svc.call(lambda: svc.service.scheduler.pending_decisions) == 0
     assert "Error handling request" not in caplog.text
+
+
+def _spy_complete(svc) -> list[dict]:
+    seen: list[dict] = []
+    complete = svc.service.scheduler.complete
+
+    def spy(**kw):
+        seen.append(kw)
+        return complete(**kw)
+
+    svc.call(setattr, svc.service.scheduler, "complete", spy)
+    return seen
+
+
+def _wait(predicate, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return predicate()
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["sse", "json"])
+def test_usage_and_ttft_read_from_the_answer_are_reported(world, stream):
+    fleet, svc, url = world
+    seen = _spy_complete(svc)
+    body = {"model": BASE, "prompt": "Hello there", "max_tokens": 4, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200
+    assert _wait(lambda: seen)
+    (kw,) = seen
+    assert kw["status"] == 0 and kw["completion_tokens"] == 4 and kw["prompt_tokens"] > 0
+    assert kw["endpoint"] == r.headers["x-epick-replica"]
+    if stream:
+        assert 0 < kw["ttft_s"] < 30
+    else:
+        assert kw["ttft_s"] is None
+
+
+def test_a_client_that_leaves_mid_stream_is_reported_cancelled(world):
+    fleet, svc, url = world
+    seen = _spy_complete(svc)
+    body = {"model": BASE, "prompt": "z" * 400, "max_tokens": 5000, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break
+    assert _wait(lambda: seen)
+    assert [kw["status"] for kw in seen] == [2]
+
+
+def test_the_gateway_rewrites_models_and_exposes_the_endpoint_when_told(tmp_path):
+    lt = LoopThread()
+    try:
+        fleet = lt.hold(serve_fleet(2, adapters=["adapter-0"]))
+        with running(make_config(fleet.addresses, tmp=tmp_path)) as svc:
+            runner, url = lt.run(_start_gateway(svc.target, expose_endpoint=True,
+                                                model_rewrites={"friendly": "adapter-0"}))
+            r = httpx.post(f"{url}/v1/completions", json={"model": "friendly", "prompt": "x",
+                                                          "max_tokens": 1}, timeout=30)
+            assert r.status_code == 200, r.text
+            assert r.json()["model"] == "adapter-0"  # the replica served the rewritten model
+            assert r.headers["x-gateway-destination-endpoint"] == r.headers["x-epick-replica"]
+            lt.run(runner.cleanup())
+    finally:
+        lt.close()
+
+
+def test_pinning_through_the_gateway_follows_the_servers_setting(tmp_path):
+    lt = LoopThread()
+    try:
+        fleet = lt.hold(serve_fleet(3))
+        for allow in (False, True):
+            config = make_config(fleet.addresses, tmp=tmp_path)
+            import msgspec
+
+            config = msgspec.structs.replace(
+                config, server=msgspec.structs.replace(config.server, allow_pinning=allow))
+            with running(config) as svc:
+                runner, url = lt.run(_start_gateway(svc.target))
+                target = fleet.addresses[2]
+                r = httpx.post(f"{url}/v1/completions",
+                               json={"model": BASE, "prompt": "x", "max_tokens": 1},
+                               headers={"x-epick-pin-endpoint": target}, timeout=30)
+                if allow:
+                    assert r.status_code == 200
+                    assert r.headers["x-epick-replica"] == target
+                else:
+                    assert r.status_code == 400
+                    assert r.json()["error"]["message"] == (
+                        f"malformed request: PickRequest.pin_endpoint '{target}' is refused: "
+                        "pinning is off on this server (set [server] allow_pinning = true "
+                        "to allow it)")
+                lt.run(runner.cleanup())
+    finally:
+        lt.close()

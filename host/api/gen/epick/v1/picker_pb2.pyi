@@ -28,7 +28,7 @@ ERROR: CompletionStatus
 CANCELLED: CompletionStatus
 
 class PickRequest(_message.Message):
-    __slots__ = ("request_id", "model", "adapter", "prompt", "criticality", "seed", "explain", "headers", "cache_salt")
+    __slots__ = ("request_id", "model", "adapter", "prompt", "criticality", "seed", "explain", "headers", "cache_salt", "pin_endpoint")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class PickRequest(_message.Message):
     EXPLAIN_FIELD_NUMBER: _ClassVar[int]
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    PIN_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     adapter: str
@@ -54,7 +55,8 @@ class PickRequest(_message.Message):
     explain: bool
     headers: _containers.ScalarMap[str, str]
     cache_salt: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., adapter: _Optional[str] = ..., prompt: _Optional[str] = ..., criticality: _Optional[_Union[Criticality, str]] = ..., seed: _Optional[int] = ..., explain: _Optional[bool] = ..., headers: _Optional[_Mapping[str, str]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    pin_endpoint: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., adapter: _Optional[str] = ..., prompt: _Optional[str] = ..., criticality: _Optional[_Union[Criticality, str]] = ..., seed: _Optional[int] = ..., explain: _Optional[bool] = ..., headers: _Optional[_Mapping[str, str]] = ..., cache_salt: _Optional[str] = ..., pin_endpoint: _Optional[str] = ...) -> None: ...
 
 class PickResponse(_message.Message):
     __slots__ = ("endpoint", "fallbacks", "decision_id", "explanation")
