@@ -13,7 +13,7 @@ from fakes import vllm_page
 
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+MODEL = "m"  # the model the fake pages name (tests/fakes.py)
 
 
 def config(addresses, tmp, *, allow):

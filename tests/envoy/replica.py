@@ -11,7 +11,8 @@ replica (``served_by``, and the header ``x-served-by``); with ``"stream": true``
 was written), then — when the body set ``stream_options.include_usage`` — a usage event,
 then ``data: [DONE]``. Answers carry ``usage``: ``prompt_tokens`` = the prompt's words,
 ``completion_tokens`` = ``chunks`` (streamed) or 1. ``delay_s`` holds every completion
-answer back that long before its headers. ``GET /v1/models`` lists one model. Everything
+answer back that long before its headers. ``GET /v1/models`` lists the base model and
+``adapters``, as vLLM does. Everything
 else is 404.
 """
 
@@ -32,6 +33,8 @@ class Replica:
     def __init__(self, page: str | None = None, *, chunks: int = 5,
                  chunk_delay_s: float = 0.0, delay_s: float = 0.0) -> None:
         self.page = page if page is not None else vllm_page()
+        #: Adapters its /v1/models lists (epick learns what it serves from there).
+        self.adapters: tuple[str, ...] = ("sql-lora",)
         self.chunks = chunks
         self.chunk_delay_s = chunk_delay_s
         self.delay_s = delay_s
@@ -70,8 +73,12 @@ class Replica:
                 if self.path == "/metrics":
                     self._send(200, replica.page.encode(), "text/plain; version=0.0.4")
                 elif self.path == "/v1/models":
-                    self._send(200, json.dumps({"object": "list", "data": [
-                        {"id": "base", "object": "model"}], "served_by": replica.address}
+                    # As vLLM lists them: the base model, then each adapter with its parent.
+                    data = [{"id": "base", "object": "model", "parent": None}]
+                    data += [{"id": a, "object": "model", "parent": "base"}
+                             for a in replica.adapters]
+                    self._send(200, json.dumps({"object": "list", "data": data,
+                                                "served_by": replica.address}
                     ).encode(), "application/json")
                 else:
                     self._send(404, b"not found\n", "text/plain")

@@ -68,10 +68,13 @@ def test_streamed_requests_reach_the_simulated_replica_epick_chose(sim_fleet, ep
     assert svc.call(lambda: svc.service.scheduler.pending_decisions) == 0
 
 
-def test_an_adapter_the_fleet_does_not_serve_is_the_replicas_404(sim_fleet, epick, envoy):
+def test_an_adapter_the_fleet_does_not_serve_is_a_503_naming_what_it_serves(
+        sim_fleet, epick, envoy):
+    # epick learns each replica's models and adapters from its own /v1/models, so an
+    # adapter no replica has is refused before it reaches one (it used to be the replica's 404)
     svc = epick(sim_fleet, base_model=SIM_MODEL)
     proxy = envoy(svc.ext_proc_port, sim_fleet)
     with httpx.Client(base_url=proxy.url, timeout=30) as client:
         resp = client.post("/v1/completions", json={"model": "nope", "prompt": "hi"})
-    assert resp.status_code == 404
-    assert "The model `nope` does not exist." in resp.text
+    assert resp.status_code == 503
+    assert "'nope'" in resp.text and "adapter-0" in resp.text
