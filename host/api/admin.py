@@ -22,6 +22,15 @@ __all__ = ["AdminService", "MAX_MODULE_BYTES"]
 MAX_MODULE_BYTES = 32 << 20
 
 
+def _describe_scheme(scheme: str, rest: str) -> str:
+    """What was sent instead of ``Bearer TOKEN``, without repeating a possible secret."""
+    if not rest:
+        return "got a bare value with no scheme: prefix the token with 'Bearer '"
+    if scheme.lower() in ("basic", "digest", "token", "apikey", "key"):
+        return f"got the {scheme.capitalize()} scheme: send 'Bearer TOKEN' instead"
+    return "got a value that does not start with 'Bearer ': prefix the token with 'Bearer '"
+
+
 class AdminService(admin_pb2_grpc.AdminServicer):
     def __init__(self, manager: PolicyManager, token: str) -> None:
         self.manager = manager
@@ -39,10 +48,18 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 grpc.StatusCode.UNAUTHENTICATED,
                 "missing 'authorization: Bearer TOKEN' metadata",
             )
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), self._token.encode()
-        ):
+        scheme, _, given = header.strip().partition(" ")
+        if scheme.lower() != "bearer":
+            # Say what the header looks like, never echo it: it may be the token itself.
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "the authorization metadata must be 'Bearer TOKEN'; "
+                f"{_describe_scheme(scheme, given)}",
+            )
+        if not given.strip():
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "'authorization: Bearer' carries no token after 'Bearer '")
+        if not hmac.compare_digest(given.strip().encode(), self._token.encode()):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "wrong admin token")
 
     def _info(self, name: str) -> admin_pb2.PolicyInfo:
