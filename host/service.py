@@ -16,8 +16,10 @@ with it. Cancel the task group (Ctrl-C, SIGTERM, ``Service.stop``) to stop clean
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
+import socket
 import threading
 from pathlib import Path
 
@@ -40,13 +42,55 @@ from epick.scheduler.framework import PluginError
 from epick.scheduler.picker import make_picker
 from epick.scheduler.scheduler import Scheduler
 
-__all__ = ["Service", "TelemetryRecorder"]
+__all__ = ["Service", "TelemetryRecorder", "ListenError"]
 
 log = logging.getLogger("epick.service")
 
 PICKER_SERVICE = picker_pb2.DESCRIPTOR.services_by_name["EndpointPicker"].full_name
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+class ListenError(OSError):
+    """A listener could not bind: ``str()`` names the address, the config key and why."""
+
+
+def _why_not(address: str) -> str | None:
+    """Why ``address`` cannot be bound, asked of the OS directly (gRPC only says 'failed');
+    ``None`` when it can. SO_REUSEADDR as the servers set it: a port left in TIME_WAIT by
+    a previous run is free."""
+    try:
+        host, port = _host_port(address)
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(infos[0][4])
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return "the port is already in use by another process"
+        return exc.strerror or str(exc)
+    except ValueError:
+        return "not a HOST:PORT address"
+    return None
+
+
+def _listen(bind, address: str, key: str) -> int:
+    """``bind(address)`` -> port, or :class:`ListenError` naming ``key`` and the cause.
+
+    Asks the OS first, so a busy port is one clear line rather than gRPC's log line
+    and a traceback."""
+    why = _why_not(address)
+    port = 0
+    if why is None:
+        try:
+            port = bind(address)
+        except (RuntimeError, OSError):
+            port = 0
+    if not port:
+        why = why or _why_not(address) or "the address cannot be bound"
+        raise ListenError(f"cannot listen on {address} ({key}): {why}; "
+                          f"free it or set another address") from None
+    return port
 
 
 class TelemetryRecorder:
@@ -101,6 +145,15 @@ def _host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _quiet_watchfiles() -> None:
+    """watchfiles logs every filtered-out change at DEBUG. A log file beside the config
+    (or in the policy folder) is such a change, so each line it logs caused the next:
+    ~10 a second. Its INFO lines (a change we act on) stay; an explicit level wins."""
+    watch_log = logging.getLogger("watchfiles")
+    if watch_log.level == logging.NOTSET:
+        watch_log.setLevel(logging.INFO)
+
+
 class Service:
     """A running epick: build with a :class:`Config`, then ``await tg.start(svc.run)``.
 
@@ -139,6 +192,7 @@ class Service:
         self.scheduler.recorder = self.recorder
         self.health = HealthServicer()
         self._cancel: anyio.CancelScope | None = None
+        self._watchers_stop: anyio.Event | None = None
         self._serving: bool | None = None
         self._load_policies(config)
 
@@ -188,6 +242,7 @@ class Service:
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled. ``started`` fires once the ports are bound, the first
         scrape round is done and the policies are loaded."""
+        self._watchers_stop = anyio.Event()
         options = [
             ("grpc.max_receive_message_length", MAX_MODULE_BYTES + (1 << 20)),
             ("grpc.so_reuseport", 0),
@@ -199,9 +254,8 @@ class Service:
         reflection.enable_server_reflection(
             (PICKER_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), server)
-        self.port = server.add_insecure_port(self.config.server.listen)
-        if not self.port:
-            raise OSError(f"cannot listen on {self.config.server.listen}")
+        self.port = _listen(server.add_insecure_port, self.config.server.listen,
+                            "[server] listen")
 
         admin = None
         if self.config.admin.listen:
@@ -209,23 +263,31 @@ class Service:
             admin_pb2_grpc.add_AdminServicer_to_server(
                 AdminService(self.manager, self.config.admin.effective_token()), admin)
             reflection.enable_server_reflection((ADMIN_SERVICE, reflection.SERVICE_NAME), admin)
-            self.admin_port = admin.add_insecure_port(self.config.admin.listen)
-            if not self.admin_port:
-                raise OSError(f"cannot listen on {self.config.admin.listen}")
+            self.admin_port = _listen(admin.add_insecure_port, self.config.admin.listen,
+                                      "[admin] listen")
 
         ext_proc = None
         if self.config.ext_proc.listen:
             from epick.api.ext_proc import build_server  # xds protos load only when used
 
-            ext_proc, self.ext_proc_port = build_server(
-                self.scheduler, self.config.ext_proc, health=self.health,
-                telemetry=self.recorder)
+            def bind_ext_proc(_address: str) -> int:
+                nonlocal ext_proc
+                ext_proc, port = build_server(self.scheduler, self.config.ext_proc,
+                                              health=self.health, telemetry=self.recorder)
+                return port
+
+            self.ext_proc_port = _listen(bind_ext_proc, self.config.ext_proc.listen,
+                                         "[ext_proc] listen")
 
         metrics = None
         if self.config.server.metrics_listen:
-            host, port = _host_port(self.config.server.metrics_listen)
-            metrics = telemetry.start_metrics_server(host, port)
-            self.metrics_port = metrics.port
+            def bind_metrics(address: str) -> int:
+                nonlocal metrics
+                metrics = telemetry.start_metrics_server(*_host_port(address))
+                return metrics.port
+
+            self.metrics_port = _listen(bind_metrics, self.config.server.metrics_listen,
+                                        "[server] metrics_listen")
 
         try:
             await self._set_health(False)
@@ -238,6 +300,7 @@ class Service:
                 if ext_proc is not None:
                     await ext_proc.start()
                 tg.start_soon(self._health_loop)
+                tg.start_soon(self._release_watchers_on_stop)
                 tg.start_soon(self._checkpoint_loop)
                 if self.config_path is not None:
                     tg.start_soon(self._watch_config)
@@ -288,6 +351,17 @@ class Service:
             await anyio.sleep(0.1)
             await self._update_health()
 
+    async def _release_watchers_on_stop(self) -> None:
+        """Wake the file watchers' threads when the service stops.
+
+        watchfiles waits in a thread for up to 5 s and only then sees a cancellation,
+        so a SIGTERM took 3-8 s; its stop event ends the wait within ``step`` (50 ms).
+        """
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self._watchers_stop.set()
+
     async def _checkpoint_loop(self) -> None:
         """Policies' state checkpoints (for recovery after a trap), off the request path."""
         while True:
@@ -297,9 +371,11 @@ class Service:
     async def _watch_config(self) -> None:
         import watchfiles
 
+        _quiet_watchfiles()
         path = self.config_path
         async for _changes in watchfiles.awatch(path.parent, debounce=200, step=50,
-                                                watch_filter=lambda _c, p: Path(p) == path):
+                                                watch_filter=lambda _c, p: Path(p) == path,
+                                                stop_event=self._watchers_stop):
             log.info("config file changed: %s", path)
             self.reload()
 
@@ -312,6 +388,7 @@ class Service:
     async def _watch_policy_dir(self) -> None:
         import watchfiles
 
+        _quiet_watchfiles()
         folder = Path(self.config.runtime.policy_dir).expanduser()
         if not folder.is_absolute() and self.config_path is not None:
             folder = self.config_path.parent / folder
@@ -319,6 +396,7 @@ class Service:
         async for changes in watchfiles.awatch(
             folder, debounce=200, step=50,
             watch_filter=lambda c, p: p.endswith(".wasm") and c != watchfiles.Change.deleted,
+            stop_event=self._watchers_stop,
         ):
             for _change, p in sorted(changes):
                 await self.hot_load(Path(p))
