@@ -17,6 +17,7 @@ with it. Cancel the task group (Ctrl-C, SIGTERM, ``Service.stop``) to stop clean
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import signal
 import socket
@@ -35,6 +36,7 @@ from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker
 from epick.api.picker import PickerService
 from epick.config import Config, ConfigError, load, resolve_module
 from epick.policy_manager import PolicyManager, PolicyRejected, read_module
+from epick.policy_store import PolicyStore
 from epick.pool import Pool
 from epick.runtime import Limits, Runtime
 from epick.scheduler.filters import AdmissionFilter
@@ -194,13 +196,21 @@ class Service:
         self._cancel: anyio.CancelScope | None = None
         self._watchers_stop: anyio.Event | None = None
         self._serving: bool | None = None
+        self._applied: dict[str, tuple] = {}
+        """Per config policy: its entry and module hash as last applied."""
         self._load_policies(config)
+        self.store: PolicyStore | None = None
+        if config.admin.persist_dir:
+            self.store = PolicyStore(self._folder(config.admin.persist_dir))
+            self._load_saved()
 
     # -- policies from config ---------------------------------------------------------
 
-    def _load_policies(self, config: Config) -> None:
-        """All config policies or none (raises ConfigError naming the policy)."""
+    def _load_policies(self, config: Config) -> list[str]:
+        """All config policies or none (raises ConfigError naming the policy). Returns
+        the policies loaded while serving that stay (PolicyManager.replace_all)."""
         entries = []
+        applied: dict[str, tuple] = {}
         base = self.config_path.parent if self.config_path else None
         source = str(self.config_path or "config")
         for pc in config.policies:
@@ -211,10 +221,31 @@ class Service:
                 raise ConfigError(source, f"policy {pc.name!r}: cannot read module {path}: "
                                   f"{exc.reason}") from None
             entries.append((pc.name, wasm, dict(pc.params), pc.weight, pc.shadow, str(path)))
+            applied[pc.name] = (pc, hashlib.sha256(wasm).digest())
+        changed = {n for n, seen in applied.items() if self._applied.get(n) != seen}
         try:
-            self.manager.replace_all(entries)
+            kept = self.manager.replace_all(entries, changed=changed)
         except PolicyRejected as exc:
             raise ConfigError(source, str(exc)) from None
+        self._applied = applied
+        return kept
+
+    def _folder(self, value: str) -> Path:
+        folder = Path(value).expanduser()
+        if not folder.is_absolute() and self.config_path is not None:
+            folder = self.config_path.parent / folder
+        return folder
+
+    def _load_saved(self) -> None:
+        """The admin loads saved in ``[admin] persist_dir``, made live again after the
+        config's. One that no longer loads is logged and left on disk."""
+        for name, wasm, saved in self.store.load_all():
+            try:
+                self.manager.activate(name, wasm, saved.params, weight=saved.weight,
+                                      shadow=saved.shadow, source="saved", gate=False)
+            except PolicyRejected as exc:
+                log.error("saved policy %r not loaded (left in %s): %s", name,
+                          self.store.folder, exc)
 
     def reload(self) -> bool:
         """Re-read the config file; apply it or keep the old one. True if applied."""
@@ -225,7 +256,7 @@ class Service:
             if new.server != self.config.server or new.admin != self.config.admin:
                 log.warning("%s: [server]/[admin] changes need a restart; applying the rest",
                             self.config_path)
-            self._load_policies(new)
+            kept = self._load_policies(new)
         except ConfigError as exc:
             log.error("config reload refused, still serving the previous config: %s", exc)
             return False
@@ -233,8 +264,9 @@ class Service:
         self.scheduler.admission = AdmissionFilter(new.admission.queue_threshold,
                                                    new.admission.kv_threshold)
         self.config = new
-        log.info("config reloaded from %s: %d endpoints, %d policies", self.config_path,
-                 len(new.pool.endpoints), len(new.policies))
+        log.info("config reloaded from %s: %d endpoints, %d policies%s", self.config_path,
+                 len(new.pool.endpoints), len(new.policies),
+                 f"; kept {len(kept)} loaded while serving: {', '.join(kept)}" if kept else "")
         return True
 
     # -- lifespan ------------------------------------------------------------------------
@@ -261,7 +293,8 @@ class Service:
         if self.config.admin.listen:
             admin = grpc.aio.server(options=options)
             admin_pb2_grpc.add_AdminServicer_to_server(
-                AdminService(self.manager, self.config.admin.effective_token()), admin)
+                AdminService(self.manager, self.config.admin.effective_token(),
+                             store=self.store), admin)
             reflection.enable_server_reflection((ADMIN_SERVICE, reflection.SERVICE_NAME), admin)
             self.admin_port = _listen(admin.add_insecure_port, self.config.admin.listen,
                                       "[admin] listen")

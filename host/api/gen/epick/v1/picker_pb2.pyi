@@ -79,7 +79,7 @@ class Explanation(_message.Message):
     def __init__(self, candidates: _Optional[_Iterable[_Union[CandidateExplanation, _Mapping]]] = ..., snapshot_version: _Optional[int] = ..., skipped_policies: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CandidateExplanation(_message.Message):
-    __slots__ = ("endpoint", "total", "scores", "filtered_by", "rank", "shadow_scores")
+    __slots__ = ("endpoint", "total", "scores", "filtered_by", "rank", "shadow_scores", "reason")
     class ScoresEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -100,13 +100,15 @@ class CandidateExplanation(_message.Message):
     FILTERED_BY_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     SHADOW_SCORES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
     total: float
     scores: _containers.ScalarMap[str, float]
     filtered_by: str
     rank: int
     shadow_scores: _containers.ScalarMap[str, float]
-    def __init__(self, endpoint: _Optional[str] = ..., total: _Optional[float] = ..., scores: _Optional[_Mapping[str, float]] = ..., filtered_by: _Optional[str] = ..., rank: _Optional[int] = ..., shadow_scores: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    reason: str
+    def __init__(self, endpoint: _Optional[str] = ..., total: _Optional[float] = ..., scores: _Optional[_Mapping[str, float]] = ..., filtered_by: _Optional[str] = ..., rank: _Optional[int] = ..., shadow_scores: _Optional[_Mapping[str, float]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CompletionReport(_message.Message):
     __slots__ = ("decision_id", "request_id", "endpoint", "status", "prompt_tokens", "completion_tokens", "ttft_seconds")
