@@ -185,6 +185,7 @@ class Service:
             decision_ttl_s=config.server.decision_ttl_s,
             max_decisions=config.server.max_decisions,
         )
+        self.scheduler.pool_status = self.pool.status
         self.manager = PolicyManager(
             self.runtime, self.scheduler,
             require_conformance=config.admin.require_conformance,

@@ -20,7 +20,7 @@ import os
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -98,6 +98,8 @@ class CandidateScore:
     filtered_by: str = ""
     rank: int = -1
     shadow_scores: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+    """Why it is not a candidate, in words, beyond the filter's name (no metrics, stale)."""
 
 
 @dataclass(slots=True)
@@ -162,6 +164,9 @@ class Scheduler:
         self._by_request: dict[str, str] = {}
         self._ids = itertools.count(1)
         self._boot = os.urandom(4).hex()
+        self.pool_status: Callable[[], Sequence] | None = None
+        """The pool's per-endpoint scrape status (``Pool.status``): lets an explanation
+        show endpoints that are not in the snapshot, and why (only ``explain`` reads it)."""
 
     # -- the cycle -----------------------------------------------------------------
 
@@ -261,6 +266,8 @@ class Scheduler:
             decision.explanation = self._explain(
                 endpoints, candidates, totals, per_policy, order, why or {}, shadow_scores
             )
+            if self.pool_status is not None:
+                _add_scrape_reasons(decision.explanation, self.pool_status())
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "decision %s request=%s model=%s adapter=%s -> %s fallbacks=%s snapshot=%d",
@@ -386,6 +393,24 @@ class Scheduler:
     @property
     def pending_decisions(self) -> int:
         return len(self._pending)
+
+
+def _add_scrape_reasons(rows: list[CandidateScore], status: Sequence) -> None:
+    """Rows for configured endpoints the snapshot lacks (never scraped successfully), and
+    the scrape's story for stale ones: an endpoint never silently vanishes from a view."""
+    by_address = {row.endpoint: row for row in rows}
+    for st in status:
+        row = by_address.get(st.address)
+        error = f"; last error: {st.last_error}" if st.last_error else ""
+        if row is None:
+            rows.append(CandidateScore(
+                endpoint=st.address, filtered_by="no-metrics",
+                reason=(f"no good scrape of {st.url} yet{error}" if st.last_error
+                        else f"not scraped yet ({st.url})"),
+            ))
+        elif row.filtered_by == FreshFilter.name and st.last_success_age_ms is not None:
+            row.reason = (f"metrics are stale: the last good scrape of {st.url} was "
+                          f"{st.last_success_age_ms / 1000:.1f} s ago{error}")
 
 
 def random_seed() -> int:
