@@ -518,7 +518,25 @@ def reinit_resets_state(p: Probe) -> CaseResult:
     )
 
 
+def loads_like_the_host(p: Probe) -> CaseResult:
+    """The smoke run the host makes before anything else goes live (``validate``; also
+    the first check of LoadPolicy): so conformance and LoadPolicy name the same first
+    problem in the same words."""
+    from epick.runtime import PolicyLoadError, validate
+
+    t0 = time.perf_counter()
+    try:
+        validate(p.module, dict(p.params))
+    except PolicyLoadError as exc:
+        return _result("loads-like-the-host", False, "LoadPolicy's smoke run passes",
+                       "refused", f"LoadPolicy would refuse it: {exc}", t0)
+    return _result("loads-like-the-host", True, "LoadPolicy's smoke run passes", "passes",
+                   "the host's smoke run (exports, ABI, init, counts, range, determinism) "
+                   "passes", t0)
+
+
 PROPERTIES: tuple[Callable[[Probe], CaseResult], ...] = (
+    loads_like_the_host,
     one_result_per_candidate,
     deterministic,
     candidate_counts,
@@ -537,7 +555,7 @@ def _name(fn: Callable) -> str:
 
 
 #: Properties about init, not about what score/filter return: run once per module.
-_EXPORT_FREE = (bad_params_are_refused,)
+_EXPORT_FREE = (loads_like_the_host, bad_params_are_refused)
 
 
 def _run_one(prop: Callable[[Probe], CaseResult], probe: Probe) -> CaseResult:
