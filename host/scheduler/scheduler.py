@@ -189,7 +189,7 @@ class Scheduler:
         for f in self.host_filters:
             candidates = self._run_filter(f.name, f.filter, cycle, candidates, why)
         if not candidates:
-            raise Unavailable(self._unavailable_reason(pool, request))
+            raise Unavailable(self._unavailable_reason(pool, request) + self._scrape_errors())
         candidates = self._run_filter(
             self.admission.name, self.admission.filter, cycle, candidates, why
         )
@@ -303,6 +303,17 @@ class Scheduler:
             self.recorder.shadow(entry.name, agree, float(scores[best] - scores[live_pos]))
             out[entry.name] = scores
         return out
+
+    def _scrape_errors(self, limit: int = 3) -> str:
+        """The pool's latest scrape errors, for an UNAVAILABLE answer: '' when none."""
+        if self.pool_status is None:
+            return ""
+        errors = [f"{st.address}: {st.last_error}" for st in self.pool_status()
+                  if st.last_error and not st.fresh]
+        if not errors:
+            return ""
+        more = f"; and {len(errors) - limit} more" if len(errors) > limit else ""
+        return f" (last scrape errors: {'; '.join(errors[:limit])}{more})"
 
     @staticmethod
     def _unavailable_reason(pool: PoolSnapshot, request: abi.Request) -> str:

@@ -55,3 +55,19 @@ def test_a_stale_endpoint_says_how_old_its_metrics_are_and_what_failed(fake_vllm
     assert reason.startswith(f"metrics are stale: the last good scrape of "
                              f"http://{b.address}/metrics was ")
     assert reason.endswith("HTTP 500 Internal Server Error")
+
+
+def test_unavailable_because_every_metrics_page_fails_quotes_the_errors(fake_vllm, serve):
+    import grpc
+    import pytest
+
+    missing = fake_vllm(vllm_page())
+    missing.status = 404
+    svc = serve([missing.address], policies=("load",))
+    assert wait_for(lambda: missing.hits >= 1)
+    with pytest.raises(grpc.RpcError) as info:
+        svc.picker.Pick(pb.PickRequest(model="m"))
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert info.value.details() == (
+        f"no endpoint has reported metrics yet (last scrape errors: {missing.address}: "
+        f"http://{missing.address}/metrics: HTTP 404 Not Found)")
