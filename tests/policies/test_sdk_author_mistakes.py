@@ -33,11 +33,9 @@ def build_source(tmp_path, source: str):
 
 
 @pytest.mark.parametrize("declared, meant", [
-    ("pre_request", "preRequest"),
-    ("PostResponse", "postResponse"),
-    ("on_snapshot", "onSnapshot"),
-    ("preRequst", "preRequest"),
-    ("exportstate", "exportState"),
+    ("pre_request", "preRequest"),   # snake_case, as the ABI's export is spelt
+    ("PostResponse", "postResponse"),  # case
+    ("preRequst", "preRequest"),     # a typo
 ])
 def test_a_misspelt_hook_is_a_build_error_naming_the_hook(tmp_path, declared, meant):
     hook = f"pub fn {declared}(ev: *const sdk.PreRequest) sdk.Error!void {{\n    _ = ev;\n}}\n"
@@ -47,11 +45,6 @@ def test_a_misspelt_hook_is_a_build_error_naming_the_hook(tmp_path, declared, me
             f"mean `{meant}`?") in str(info.value)
 
 
-def test_other_public_declarations_are_fine(tmp_path):
-    extra = "pub const Profile = enum { a, b };\npub fn store() void {}\npub fn scores() void {}\n"
-    assert build_source(tmp_path, HEAD + PANIC + SCORE + extra + TAIL).is_file()
-
-
 def test_a_policy_without_the_panic_handler_is_told_the_line_to_add(tmp_path):
     with pytest.raises(BuildError) as info:
         build_source(tmp_path, HEAD + SCORE + TAIL)
@@ -59,8 +52,12 @@ def test_a_policy_without_the_panic_handler_is_told_the_line_to_add(tmp_path):
         info.value)
 
 
+#: Other public declarations are the author's own: they build (one build serves both tests).
+EXTRA = "pub const Profile = enum { a, b };\npub fn store() void {}\npub fn scores() void {}\n"
+
+
 def test_a_panic_message_reaches_the_host_and_never_goes_stale(tmp_path, runtime):
-    wasm = build_source(tmp_path, HEAD + PANIC + SCORE + TAIL).read_bytes()
+    wasm = build_source(tmp_path, HEAD + PANIC + SCORE + EXTRA + TAIL).read_bytes()
     inst = runtime.compile(wasm, name="mine").instantiate({})
     pool = snap([ep(f"e{i}:1") for i in range(4)])
     with pytest.raises(PolicyTrap) as info:
