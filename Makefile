@@ -3,13 +3,15 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# setuptools says "Editable installation." on every editable install: information only.
+PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PIP_QUIET) $(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -9,7 +9,7 @@ from epick.conformance import vectors
 from epick.conformance.properties import run_properties
 from epick.conformance.report import Report
 from epick.conformance.runner import run_cases
-from epick.conformance.schema import KINDS
+from epick.conformance.schema import FILE_KINDS, KINDS
 
 __all__ = ["check", "module_kind", "ConformanceError"]
 
@@ -34,6 +34,8 @@ def check(
     kind: str | None = None,
     extra_vectors: Iterable[Path | str] = (),
     properties: bool = True,
+    builtin_vectors: bool = True,
+    runtime=None,
 ) -> Report:
     """Run the vectors for ``kind`` (plus ``extra_vectors``) and every property.
 
@@ -41,23 +43,38 @@ def check(
     them. Vector cases run with their own params (the file's, then the case's) over the
     policy's defaults, so the normative tables are checked whatever the deployment tunes.
     ``kind`` defaults to what the module's ``describe`` reports; ``custom`` has no
-    built-in vectors (properties and ``extra_vectors`` only).
+    built-in vectors (properties and ``extra_vectors`` only). ``builtin_vectors=False``
+    runs only ``extra_vectors``; ``properties=False`` skips the properties.
+
+    ``module=None`` with ``kind="host"`` checks the host stage alone: the built-in
+    ``host`` vectors (and ``extra_vectors``), compiling what they name with ``runtime``.
 
     Raises :class:`ConformanceError` for an unknown kind or an invalid vector file, and
     the runtime's ``PolicyLoadError`` when ``init`` refuses ``params``. Everything the
     policy gets wrong is in the returned :class:`Report` instead.
     """
-    if kind is None:
+    if module is None:
+        if kind != "host" or runtime is None:
+            raise ConformanceError("no module given: only `--kind host` runs without one")
+    elif kind is None:
         kind = module_kind(module, params)
-    if kind not in KINDS:
+    if kind not in FILE_KINDS:
         raise ConformanceError(f"unknown policy kind {kind!r}; expected one of {', '.join(KINDS)}")
     try:
-        cases = vectors.load(kind, extra_vectors)
+        cases = vectors.load(kind, extra_vectors, builtin=builtin_vectors)
     except vectors.VectorError as exc:
         raise ConformanceError(str(exc)) from exc
+    if module is None:
+        selfish = [c.name for c in cases if c.case.host is None or c.case.host.uses_self]
+        if selfish:
+            raise ConformanceError(f"case {selfish[0]!r} needs a module under test; give "
+                                   "MODULE.wasm")
+        report = Report(module="host", kind=kind)
+        report.cases.extend(run_cases(None, cases, runtime=runtime))
+        return report
     module.instantiate(params).close()  # refused params: fail loudly, not as 20 errors
     report = Report(module=module.name, kind=kind)
-    report.cases.extend(run_cases(module, cases))
+    report.cases.extend(run_cases(module, cases, runtime=runtime))
     if properties:
         report.cases.extend(run_properties(module, params))
     return report

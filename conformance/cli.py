@@ -30,10 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="epick conformance",
         description="Check a policy module against its kind's vectors and the ABI properties.",
     )
-    ap.add_argument("module", metavar="MODULE.wasm", type=Path, help="the policy module")
+    ap.add_argument("module", metavar="MODULE.wasm", type=Path, nargs="?",
+                    help="the policy module (leave out with --kind host)")
     ap.add_argument(
-        "--kind", choices=[k for k in KINDS],
-        help="which vector sets to run (default: the kind the module's describe reports)",
+        "--kind", choices=[*KINDS, "host"],
+        help="which vector sets to run (default: the kind the module's describe reports; "
+             "host: the host-stage vectors, no module)",
     )
     ap.add_argument(
         "--params", metavar="FILE", type=Path,
@@ -43,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--vectors", metavar="EXTRA_FILE", type=Path, action="append", default=[],
         help="an extra vector file (repeatable); see conformance/README.md",
     )
+    ap.add_argument(
+        "--only", action="store_true",
+        help="run only the --vectors files, not the built-in vectors of the kind",
+    )
+    ap.add_argument("--no-properties", action="store_true",
+                    help="skip the ABI properties (vectors only)")
     ap.add_argument("--junit", metavar="OUT.xml", type=Path, help="also write a JUnit XML report")
     return ap
 
@@ -88,7 +96,12 @@ def render(report: Report, console: Console) -> None:
 
 def main(argv: list[str]) -> int:
     """Run the suite; the exit status is 0 only when every case and property passes."""
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.module is None and args.kind != "host":
+        ap.error("MODULE.wasm is required (only --kind host runs without one)")
+    if args.only and not args.vectors:
+        ap.error("--only runs only the --vectors files: give at least one")
     console = Console()
     if not console.is_terminal:  # piped or in CI: do not squeeze the table into 80 columns
         console = Console(width=max(console.width, 160))
@@ -97,15 +110,19 @@ def main(argv: list[str]) -> int:
 
     try:
         params = _read_params(args.params) if args.params else {}
-        try:
-            wasm = args.module.read_bytes()
-        except OSError as exc:
-            raise ConformanceError(
-                f"{args.module}: cannot read module: {exc.strerror or exc}"
-            ) from exc
+        wasm = None
+        if args.module is not None:
+            try:
+                wasm = args.module.read_bytes()
+            except OSError as exc:
+                raise ConformanceError(
+                    f"{args.module}: cannot read module: {exc.strerror or exc}"
+                ) from exc
         with Runtime(Limits()) as rt:
-            module = rt.compile(wasm, name=args.module.stem)
-            report = check(module, params, kind=args.kind, extra_vectors=args.vectors)
+            module = rt.compile(wasm, name=args.module.stem) if wasm is not None else None
+            report = check(module, params, kind=args.kind, extra_vectors=args.vectors,
+                           properties=not args.no_properties, builtin_vectors=not args.only,
+                           runtime=rt)
     except (ConformanceError, PolicyError) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         return 2

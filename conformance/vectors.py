@@ -60,17 +60,20 @@ def builtin_files(kind: str) -> list[Path]:
     return [p for p in sorted(VECTORS_DIR.glob("*.toml")) if load_file(p).kind == kind]
 
 
-def load(kind: str, extra: Iterable[Path | str] = ()) -> list[LoadedCase]:
-    """The cases for a policy of ``kind``: the built-in ones, then each extra file's.
+def load(kind: str, extra: Iterable[Path | str] = (), *, builtin: bool = True
+         ) -> list[LoadedCase]:
+    """The cases for a policy of ``kind``: the built-in ones (unless ``builtin=False``),
+    then each extra file's.
 
     An extra file written for another kind is refused (a ``load`` vector run against a
-    LoRA policy can only fail confusingly); ``custom`` files run against any policy.
+    LoRA policy can only fail confusingly); ``custom`` files run against any policy, and
+    so do ``host`` files (they check the host stage, not the module).
     Case names must be unique across everything loaded.
     """
-    files = [(p, load_file(p)) for p in builtin_files(kind)]
+    files = [(p, load_file(p)) for p in builtin_files(kind)] if builtin else []
     for p in extra:
         vf = load_file(p)
-        if vf.kind not in (kind, "custom"):
+        if vf.kind not in (kind, "custom", "host"):
             raise VectorError(
                 p, f"its kind {vf.kind!r} does not match the policy's kind {kind!r}"
             )

@@ -26,7 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
     import anyio
 
     from epick.config import ConfigError, load
-    from epick.service import Service
+    from epick.service import ListenError, Service
 
     try:
         config = load(args.config)
@@ -59,8 +59,26 @@ def _serve(args: argparse.Namespace) -> int:
                     tg.cancel_scope.cancel()
                     break
 
-    anyio.run(main, backend="asyncio")
+    try:
+        anyio.run(main, backend="asyncio")
+    except BaseException as exc:  # a task group wraps what it raises in a group
+        listen = _find(exc, ListenError)
+        if listen is None:
+            raise
+        print(f"epick: {listen}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first ``kind`` in ``exc`` or the exception groups nested in it."""
+    if isinstance(exc, kind):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _find(inner, kind)
+        if found is not None:
+            return found
+    return None
 
 
 def _check_config(args: argparse.Namespace) -> int:

@@ -134,6 +134,10 @@ class AdminConfig(_Table):
     """A module must pass ``epick conformance`` before it goes live."""
     allow_nonconformant_shadow: bool = False
     """Let a module that fails conformance run in shadow mode (never live)."""
+    persist_dir: str = ""
+    """Where policies loaded through the admin API are saved (NAME.wasm + NAME.json), so
+    a restart loads them again (relative to the config file). Empty: they live until the
+    process ends. Either way a config reload keeps them."""
 
     def effective_token(self) -> str:
         return os.environ.get(ADMIN_TOKEN_ENV) or self.token
@@ -190,6 +194,13 @@ class Config(_Table):
             raise ValueError(
                 f"unsupported config version {self.version}; this epick reads version "
                 f"{CONFIG_VERSION}"
+            )
+        if (self.admin.persist_dir and self.runtime.policy_dir
+                and Path(self.admin.persist_dir) == Path(self.runtime.policy_dir)):
+            raise ValueError(
+                f"admin.persist_dir and runtime.policy_dir are the same folder "
+                f"({self.admin.persist_dir!r}): the policy-folder watcher would reload every "
+                "saved policy; use two folders"
             )
         names = [p.name for p in self.policies]
         for name in names:

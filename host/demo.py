@@ -5,9 +5,13 @@
     the reference gateway          epick.gateway.proxy, in this process
     a load generator               Poisson arrivals mixing adapters and shared prefixes
 
+It prints where everything listens first: Pick on 127.0.0.1:9002, the admin API on
+127.0.0.1:9003 (token ``demo``), metrics on 127.0.0.1:9090 — the addresses the README's
+commands use; a port already taken falls back to a free one, and the demo says so.
+
 A live table shows each replica (queue, KV, adapters, picks/s) and epick (decisions/s,
 p99 decision latency, prefix hit rate). It stops by itself after ``--duration`` seconds
-(Ctrl-C stops it early, cleanly) and prints a summary. Every process it starts is its
+(Ctrl-C or SIGTERM stops it early, cleanly) and prints a summary. Every process it starts is its
 child and is stopped before it returns.
 """
 
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import random
+import signal
+import socket
 import sys
 import tempfile
 import time
@@ -37,6 +43,11 @@ __all__ = ["main"]
 
 BASE_MODEL = "sim-base"
 TENANTS = 12
+#: The demo's admin token (the demo only listens on 127.0.0.1).
+DEMO_TOKEN = "demo"
+#: The ports the README's commands use: the config defaults. Taken ones fall back to
+#: a free port, and the demo says which.
+DEFAULT_PORTS = {"pick": 9002, "admin": 9003, "metrics": 9090}
 
 
 @dataclass
@@ -69,9 +80,22 @@ async def _read_ready(lines: BufferedByteReceiveStream, marker: str, count: int,
     return found
 
 
-def _epick_config(addresses: list[str]) -> str:
-    lines = ["version = 1", "[server]", 'listen = "127.0.0.1:0"',
-             'metrics_listen = "127.0.0.1:0"', "[admin]", 'listen = ""']
+def _port_or_zero(port: int) -> int:
+    """``port`` when 127.0.0.1 can bind it now (as the servers bind: SO_REUSEADDR), else 0."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return 0
+    return port
+
+
+def _epick_config(addresses: list[str], ports: dict[str, int] | None = None) -> str:
+    ports = ports or {k: 0 for k in DEFAULT_PORTS}
+    lines = ["version = 1", "[server]", f'listen = "127.0.0.1:{ports["pick"]}"',
+             f'metrics_listen = "127.0.0.1:{ports["metrics"]}"', "[admin]",
+             f'listen = "127.0.0.1:{ports["admin"]}"', f'token = "{DEMO_TOKEN}"']
     for a in addresses:
         lines += ["[[pool.endpoints]]", f'address = "{a}"']
     for p in ("load", "prefix-cache", "lora-affinity"):
@@ -190,38 +214,80 @@ async def demo(args: argparse.Namespace, console: Console) -> dict:
             addresses = await _read_ready(BufferedByteReceiveStream(fleet.stdout), "READY",
                                           args.replicas, timeout=60)
             config = Path(tmp) / "epick.toml"
-            config.write_text(_epick_config(addresses))
+            ports = {k: _port_or_zero(p) for k, p in DEFAULT_PORTS.items()}
+            config.write_text(_epick_config(addresses, ports))
             epick = await anyio.open_process(
                 [py, "-m", "epick.cli", "--log-level", "WARNING", "serve", "--config",
                  str(config)], stderr=sys.stderr)
             epick_out = BufferedByteReceiveStream(epick.stdout)
             target = (await _read_ready(epick_out, "epick: serving Pick on", 1, timeout=60))[0]
             metrics_url = (await _read_ready(epick_out, "epick: metrics on", 1, timeout=10))[0]
+            admin = (await _read_ready(epick_out, "epick: admin on", 1, timeout=10))[0]
             gateway = Gateway(target, BASE_MODEL)
             runner = web.AppRunner(make_app(gateway))
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", 0).start()
             gw_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            console.print(f"fleet {' '.join(addresses)}\nepick {target}   gateway {gw_url}\n"
+            console.print(f"fleet {' '.join(addresses)}\n"
                           f"load: {args.rate:g} req/s for {args.duration:g} s, "
                           f"{args.adapters} adapters, {TENANTS} tenants with shared prompts")
+            console.print(_try_it(target, admin, metrics_url, gw_url, args.adapters,
+                                  busy=[DEFAULT_PORTS[k] for k, p in ports.items() if not p]),
+                          highlight=False)
             try:
                 summary = await _run_live(args, console, gateway, gw_url, addresses, stats,
                                           epick_metrics=metrics_url)
             finally:
                 await runner.cleanup()
         finally:
-            for proc in (epick, fleet):
-                if proc is not None and proc.returncode is None:
-                    proc.terminate()
-            with anyio.move_on_after(10):
+            # Shielded: on Ctrl-C or SIGTERM this runs inside a cancelled scope, and the
+            # children must still be stopped, not orphaned.
+            with anyio.CancelScope(shield=True):
                 for proc in (epick, fleet):
-                    if proc is not None:
-                        await proc.wait()
-            for proc in (epick, fleet):
-                if proc is not None and proc.returncode is None:
-                    proc.kill()
+                    if proc is not None and proc.returncode is None:
+                        proc.terminate()
+                with anyio.move_on_after(10):
+                    for proc in (epick, fleet):
+                        if proc is not None:
+                            await proc.wait()
+                for proc in (epick, fleet):
+                    if proc is not None and proc.returncode is None:
+                        proc.kill()
     return summary
+
+
+async def _demo_until_sigterm(args: argparse.Namespace, console: Console) -> dict:
+    """:func:`demo`, stopped cleanly by SIGTERM as by Ctrl-C (``{}`` when stopped)."""
+    out: dict = {}
+    async with anyio.create_task_group() as tg:
+
+        async def stop_on_sigterm() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(stop_on_sigterm)
+        out = await demo(args, console)
+        tg.cancel_scope.cancel()
+    return out
+
+
+def _try_it(target: str, admin: str, metrics_url: str, gateway_url: str, adapters: int,
+            busy: list[int]) -> str:
+    """Where everything listens, and the README's commands (README: "Try it")."""
+    lines = [
+        f"epick Pick API    {target}",
+        f"epick admin API   {admin}   token: {DEMO_TOKEN}   (export EPICK_ADMIN_TOKEN={DEMO_TOKEN})",
+        f"epick metrics     {metrics_url}",
+        f"gateway           {gateway_url}/v1/completions   (OpenAI-compatible)",
+        f"model             {BASE_MODEL}, adapters adapter-0 … adapter-{adapters - 1}",
+        f"try               .venv/bin/grpcurl -plaintext {target} list",
+    ]
+    if busy:
+        lines.append(f"note              port(s) {', '.join(map(str, busy))} were in use: "
+                     "use the addresses above in the README's commands")
+    return "\n".join(lines)
 
 
 async def _run_live(args, console, gateway: Gateway, gw_url: str, addresses: list[str],
@@ -335,10 +401,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     console = Console() if sys.stdout.isatty() else Console(width=130)
     try:
-        summary = anyio.run(demo, args, console, backend="asyncio")
+        summary = anyio.run(_demo_until_sigterm, args, console, backend="asyncio")
     except KeyboardInterrupt:
         console.print("stopped")
         return 130
+    if not summary:
+        console.print("stopped")
+        return 143
     t = Table(title="epick demo — summary")
     t.add_column("")
     t.add_column("", justify="right")

@@ -77,6 +77,12 @@ class PolicyManager:
         self.require_conformance = require_conformance
         self.allow_nonconformant_shadow = allow_nonconformant_shadow
         self.active: dict[str, ActivePolicy] = {}
+        self.runtime_loaded: set[str] = set()
+        """Policies made live while serving (admin API, policy folder), not by the config:
+        a config reload keeps them (see :meth:`replace_all`)."""
+        self.weight_overrides: dict[str, float] = {}
+        """Weights set through the admin API; a reload keeps them unless the config
+        entry of that policy changed."""
 
     # -- loading -------------------------------------------------------------------
 
@@ -150,6 +156,7 @@ class PolicyManager:
                             shadow=shadow)
         self.scheduler.policies = current.put(entry)
         self.active[name] = info
+        self.runtime_loaded.add(name)
         log.info("policy %r live (%s, sha256 %s, weight %s%s)", name, info.source,
                  info.module.sha256[:12], entry.weight, ", shadow" if shadow else "")
         return info
@@ -197,22 +204,43 @@ class PolicyManager:
     def remove(self, name: str) -> None:
         self.scheduler.policies = self.scheduler.policies.remove(name)
         self.active.pop(name, None)
+        self.runtime_loaded.discard(name)
+        self.weight_overrides.pop(name, None)
         log.info("policy %r removed", name)
 
     def set_weight(self, name: str, weight: float) -> PolicyEntry:
         _check_weight(name, weight)
         self.scheduler.policies = self.scheduler.policies.with_weight(name, weight)
+        self.weight_overrides[name] = weight
         return self.scheduler.policies.get(name)
 
-    def replace_all(self, entries: list[tuple[str, bytes, dict, float, bool, str]]) -> None:
-        """Make exactly these policies live (config load/reload), all or nothing.
+    def replace_all(self, entries: list[tuple[str, bytes, dict, float, bool, str]], *,
+                    changed: frozenset[str] | set[str] | None = None) -> list[str]:
+        """Make the config's policies live (config load/reload), all or nothing; return
+        the names of the policies kept that the config does not decide.
 
         Policies whose module bytes and params did not change keep their instance (and
         state); the others are prepared first, so any rejection leaves everything as is.
+        Nothing loaded while serving is lost: a policy loaded through the admin API or
+        the policy folder stays — beside the config's, or in place of a config entry of
+        the same name while that entry is unchanged (``changed`` names the entries that
+        differ from the last applied config; ``None``: all of them). Admin weights stay
+        likewise. A changed entry wins, and that is logged as a warning.
         """
         current = self.scheduler.policies
+        changed = frozenset(e[0] for e in entries) if changed is None else frozenset(changed)
+        config_names = {e[0] for e in entries}
         prepared: list[tuple[PolicyEntry, ActivePolicy]] = []
         for name, wasm, params, weight, shadow, source in entries:
+            if name in self.runtime_loaded and name in current and name in self.active:
+                if name not in changed:
+                    prepared.append((current.get(name), self.active[name]))
+                    continue
+                log.warning("policy %r: its config entry changed, so the config's module "
+                            "replaces the one loaded at run time (%s)", name,
+                            self.active[name].source)
+            if name not in changed and name in self.weight_overrides and name in current:
+                weight = current.get(name).weight
             info = self.active.get(name)
             if (
                 info is not None
@@ -232,8 +260,17 @@ class PolicyManager:
             if name in current:
                 self._hand_over(name, current.get(name).plugin, plugin)
             prepared.append((PolicyEntry(name, plugin, weight, shadow), info))
+        kept = [e.name for e in current.entries
+                if e.name in self.runtime_loaded and e.name not in config_names
+                and e.name in self.active]
+        prepared += [(current.get(name), self.active[name]) for name in kept]
         self.scheduler.policies = PolicySet(tuple(e for e, _ in prepared))
         self.active = {info.name: info for _, info in prepared}
+        live = {info.name for _, info in prepared}
+        self.runtime_loaded &= {n for n in live if n not in changed or n not in config_names}
+        self.weight_overrides = {n: w for n, w in self.weight_overrides.items()
+                                 if n in live and n not in changed}
+        return [info.name for _, info in prepared if info.name in self.runtime_loaded]
 
     def get(self, name: str) -> tuple[PolicyEntry, ActivePolicy]:
         entry = self.scheduler.policies.get(name)

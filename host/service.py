@@ -16,8 +16,11 @@ with it. Cancel the task group (Ctrl-C, SIGTERM, ``Service.stop``) to stop clean
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import logging
 import signal
+import socket
 import threading
 from pathlib import Path
 
@@ -33,6 +36,7 @@ from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker
 from epick.api.picker import PickerService
 from epick.config import Config, ConfigError, load, resolve_module
 from epick.policy_manager import PolicyManager, PolicyRejected, read_module
+from epick.policy_store import PolicyStore
 from epick.pool import Pool
 from epick.runtime import Limits, Runtime
 from epick.scheduler.filters import AdmissionFilter
@@ -40,13 +44,55 @@ from epick.scheduler.framework import PluginError
 from epick.scheduler.picker import make_picker
 from epick.scheduler.scheduler import Scheduler
 
-__all__ = ["Service", "TelemetryRecorder"]
+__all__ = ["Service", "TelemetryRecorder", "ListenError"]
 
 log = logging.getLogger("epick.service")
 
 PICKER_SERVICE = picker_pb2.DESCRIPTOR.services_by_name["EndpointPicker"].full_name
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+class ListenError(OSError):
+    """A listener could not bind: ``str()`` names the address, the config key and why."""
+
+
+def _why_not(address: str) -> str | None:
+    """Why ``address`` cannot be bound, asked of the OS directly (gRPC only says 'failed');
+    ``None`` when it can. SO_REUSEADDR as the servers set it: a port left in TIME_WAIT by
+    a previous run is free."""
+    try:
+        host, port = _host_port(address)
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(infos[0][4])
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return "the port is already in use by another process"
+        return exc.strerror or str(exc)
+    except ValueError:
+        return "not a HOST:PORT address"
+    return None
+
+
+def _listen(bind, address: str, key: str) -> int:
+    """``bind(address)`` -> port, or :class:`ListenError` naming ``key`` and the cause.
+
+    Asks the OS first, so a busy port is one clear line rather than gRPC's log line
+    and a traceback."""
+    why = _why_not(address)
+    port = 0
+    if why is None:
+        try:
+            port = bind(address)
+        except (RuntimeError, OSError):
+            port = 0
+    if not port:
+        why = why or _why_not(address) or "the address cannot be bound"
+        raise ListenError(f"cannot listen on {address} ({key}): {why}; "
+                          f"free it or set another address") from None
+    return port
 
 
 class TelemetryRecorder:
@@ -111,6 +157,15 @@ def _host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _quiet_watchfiles() -> None:
+    """watchfiles logs every filtered-out change at DEBUG. A log file beside the config
+    (or in the policy folder) is such a change, so each line it logs caused the next:
+    ~10 a second. Its INFO lines (a change we act on) stay; an explicit level wins."""
+    watch_log = logging.getLogger("watchfiles")
+    if watch_log.level == logging.NOTSET:
+        watch_log.setLevel(logging.INFO)
+
+
 class Service:
     """A running epick: build with a :class:`Config`, then ``await tg.start(svc.run)``.
 
@@ -141,6 +196,7 @@ class Service:
         self.pool = Pool(pc.endpoints, scrape_interval_ms=pc.scrape_interval_ms,
                          stale_after_ms=pc.stale_after_ms, timeout_ms=pc.timeout_ms,
                          on_scrape=self.scheduler.assignments.scraped)
+        self.scheduler.pool_status = self.pool.status
         self.manager = PolicyManager(
             self.runtime, self.scheduler,
             require_conformance=config.admin.require_conformance,
@@ -150,14 +206,23 @@ class Service:
         self.scheduler.recorder = self.recorder
         self.health = HealthServicer()
         self._cancel: anyio.CancelScope | None = None
+        self._watchers_stop: anyio.Event | None = None
         self._serving: bool | None = None
+        self._applied: dict[str, tuple] = {}
+        """Per config policy: its entry and module hash as last applied."""
         self._load_policies(config)
+        self.store: PolicyStore | None = None
+        if config.admin.persist_dir:
+            self.store = PolicyStore(self._folder(config.admin.persist_dir))
+            self._load_saved()
 
     # -- policies from config ---------------------------------------------------------
 
-    def _load_policies(self, config: Config) -> None:
-        """All config policies or none (raises ConfigError naming the policy)."""
+    def _load_policies(self, config: Config) -> list[str]:
+        """All config policies or none (raises ConfigError naming the policy). Returns
+        the policies loaded while serving that stay (PolicyManager.replace_all)."""
         entries = []
+        applied: dict[str, tuple] = {}
         base = self.config_path.parent if self.config_path else None
         source = str(self.config_path or "config")
         for pc in config.policies:
@@ -168,10 +233,31 @@ class Service:
                 raise ConfigError(source, f"policy {pc.name!r}: cannot read module {path}: "
                                   f"{exc.reason}") from None
             entries.append((pc.name, wasm, dict(pc.params), pc.weight, pc.shadow, str(path)))
+            applied[pc.name] = (pc, hashlib.sha256(wasm).digest())
+        changed = {n for n, seen in applied.items() if self._applied.get(n) != seen}
         try:
-            self.manager.replace_all(entries)
+            kept = self.manager.replace_all(entries, changed=changed)
         except PolicyRejected as exc:
             raise ConfigError(source, str(exc)) from None
+        self._applied = applied
+        return kept
+
+    def _folder(self, value: str) -> Path:
+        folder = Path(value).expanduser()
+        if not folder.is_absolute() and self.config_path is not None:
+            folder = self.config_path.parent / folder
+        return folder
+
+    def _load_saved(self) -> None:
+        """The admin loads saved in ``[admin] persist_dir``, made live again after the
+        config's. One that no longer loads is logged and left on disk."""
+        for name, wasm, saved in self.store.load_all():
+            try:
+                self.manager.activate(name, wasm, saved.params, weight=saved.weight,
+                                      shadow=saved.shadow, source="saved", gate=False)
+            except PolicyRejected as exc:
+                log.error("saved policy %r not loaded (left in %s): %s", name,
+                          self.store.folder, exc)
 
     def reload(self) -> bool:
         """Re-read the config file; apply it or keep the old one. True if applied."""
@@ -182,7 +268,7 @@ class Service:
             if new.server != self.config.server or new.admin != self.config.admin:
                 log.warning("%s: [server]/[admin] changes need a restart; applying the rest",
                             self.config_path)
-            self._load_policies(new)
+            kept = self._load_policies(new)
         except ConfigError as exc:
             log.error("config reload refused, still serving the previous config: %s", exc)
             return False
@@ -190,8 +276,9 @@ class Service:
         self.scheduler.admission = AdmissionFilter(new.admission.queue_threshold,
                                                    new.admission.kv_threshold)
         self.config = new
-        log.info("config reloaded from %s: %d endpoints, %d policies", self.config_path,
-                 len(new.pool.endpoints), len(new.policies))
+        log.info("config reloaded from %s: %d endpoints, %d policies%s", self.config_path,
+                 len(new.pool.endpoints), len(new.policies),
+                 f"; kept {len(kept)} loaded while serving: {', '.join(kept)}" if kept else "")
         return True
 
     # -- lifespan ------------------------------------------------------------------------
@@ -199,6 +286,7 @@ class Service:
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled. ``started`` fires once the ports are bound, the first
         scrape round is done and the policies are loaded."""
+        self._watchers_stop = anyio.Event()
         options = [
             ("grpc.max_receive_message_length", MAX_MODULE_BYTES + (1 << 20)),
             ("grpc.so_reuseport", 0),
@@ -211,33 +299,42 @@ class Service:
         reflection.enable_server_reflection(
             (PICKER_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), server)
-        self.port = server.add_insecure_port(self.config.server.listen)
-        if not self.port:
-            raise OSError(f"cannot listen on {self.config.server.listen}")
+        self.port = _listen(server.add_insecure_port, self.config.server.listen,
+                            "[server] listen")
 
         admin = None
         if self.config.admin.listen:
             admin = grpc.aio.server(options=options)
             admin_pb2_grpc.add_AdminServicer_to_server(
-                AdminService(self.manager, self.config.admin.effective_token()), admin)
+                AdminService(self.manager, self.config.admin.effective_token(),
+                             store=self.store), admin)
             reflection.enable_server_reflection((ADMIN_SERVICE, reflection.SERVICE_NAME), admin)
-            self.admin_port = admin.add_insecure_port(self.config.admin.listen)
-            if not self.admin_port:
-                raise OSError(f"cannot listen on {self.config.admin.listen}")
+            self.admin_port = _listen(admin.add_insecure_port, self.config.admin.listen,
+                                      "[admin] listen")
 
         ext_proc = None
         if self.config.ext_proc.listen:
             from epick.api.ext_proc import build_server  # xds protos load only when used
 
-            ext_proc, self.ext_proc_port = build_server(
-                self.scheduler, self.config.ext_proc, health=self.health,
-                telemetry=self.recorder, allow_pinning=self.config.server.allow_pinning)
+            def bind_ext_proc(_address: str) -> int:
+                nonlocal ext_proc
+                ext_proc, port = build_server(self.scheduler, self.config.ext_proc,
+                                              health=self.health, telemetry=self.recorder,
+                                              allow_pinning=self.config.server.allow_pinning)
+                return port
+
+            self.ext_proc_port = _listen(bind_ext_proc, self.config.ext_proc.listen,
+                                         "[ext_proc] listen")
 
         metrics = None
         if self.config.server.metrics_listen:
-            host, port = _host_port(self.config.server.metrics_listen)
-            metrics = telemetry.start_metrics_server(host, port)
-            self.metrics_port = metrics.port
+            def bind_metrics(address: str) -> int:
+                nonlocal metrics
+                metrics = telemetry.start_metrics_server(*_host_port(address))
+                return metrics.port
+
+            self.metrics_port = _listen(bind_metrics, self.config.server.metrics_listen,
+                                        "[server] metrics_listen")
 
         try:
             await self._set_health(False)
@@ -250,6 +347,7 @@ class Service:
                 if ext_proc is not None:
                     await ext_proc.start()
                 tg.start_soon(self._health_loop)
+                tg.start_soon(self._release_watchers_on_stop)
                 tg.start_soon(self._checkpoint_loop)
                 if self.config_path is not None:
                     tg.start_soon(self._watch_config)
@@ -302,6 +400,17 @@ class Service:
             await anyio.sleep(0.1)
             await self._update_health()
 
+    async def _release_watchers_on_stop(self) -> None:
+        """Wake the file watchers' threads when the service stops.
+
+        watchfiles waits in a thread for up to 5 s and only then sees a cancellation,
+        so a SIGTERM took 3-8 s; its stop event ends the wait within ``step`` (50 ms).
+        """
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self._watchers_stop.set()
+
     async def _checkpoint_loop(self) -> None:
         """Policies' state checkpoints (for recovery after a trap), off the request path."""
         while True:
@@ -311,9 +420,11 @@ class Service:
     async def _watch_config(self) -> None:
         import watchfiles
 
+        _quiet_watchfiles()
         path = self.config_path
         async for _changes in watchfiles.awatch(path.parent, debounce=200, step=50,
-                                                watch_filter=lambda _c, p: Path(p) == path):
+                                                watch_filter=lambda _c, p: Path(p) == path,
+                                                stop_event=self._watchers_stop):
             log.info("config file changed: %s", path)
             self.reload()
 
@@ -326,6 +437,7 @@ class Service:
     async def _watch_policy_dir(self) -> None:
         import watchfiles
 
+        _quiet_watchfiles()
         folder = Path(self.config.runtime.policy_dir).expanduser()
         if not folder.is_absolute() and self.config_path is not None:
             folder = self.config_path.parent / folder
@@ -333,6 +445,7 @@ class Service:
         async for changes in watchfiles.awatch(
             folder, debounce=200, step=50,
             watch_filter=lambda c, p: p.endswith(".wasm") and c != watchfiles.Change.deleted,
+            stop_event=self._watchers_stop,
         ):
             for _change, p in sorted(changes):
                 await self.hot_load(Path(p))

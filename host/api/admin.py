@@ -14,6 +14,7 @@ import grpc
 
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc
 from epick.policy_manager import PolicyManager, PolicyRejected
+from epick.policy_store import PolicyStore, SavedPolicy, StoreError
 from epick.scheduler.policyset import UnknownPolicyError
 
 __all__ = ["AdminService", "MAX_MODULE_BYTES"]
@@ -22,10 +23,31 @@ __all__ = ["AdminService", "MAX_MODULE_BYTES"]
 MAX_MODULE_BYTES = 32 << 20
 
 
+def _describe_scheme(scheme: str, rest: str) -> str:
+    """What was sent instead of ``Bearer TOKEN``, without repeating a possible secret."""
+    if not rest:
+        return "got a bare value with no scheme: prefix the token with 'Bearer '"
+    if scheme.lower() in ("basic", "digest", "token", "apikey", "key"):
+        return f"got the {scheme.capitalize()} scheme: send 'Bearer TOKEN' instead"
+    return "got a value that does not start with 'Bearer ': prefix the token with 'Bearer '"
+
+
+def _origin(manager: PolicyManager, name: str, source: str) -> str:
+    """How the live module got there (PolicyInfo.origin)."""
+    if name not in manager.runtime_loaded:
+        return "config"
+    if source in ("admin", "saved"):
+        return source
+    return "policy_dir"
+
+
 class AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, manager: PolicyManager, token: str) -> None:
+    def __init__(self, manager: PolicyManager, token: str, *,
+                 store: PolicyStore | None = None) -> None:
         self.manager = manager
         self._token = token
+        self.store = store
+        """``[admin] persist_dir``: admin changes are saved there for restarts."""
 
     async def _authorize(self, context) -> None:
         if not self._token:
@@ -39,10 +61,18 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 grpc.StatusCode.UNAUTHENTICATED,
                 "missing 'authorization: Bearer TOKEN' metadata",
             )
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), self._token.encode()
-        ):
+        scheme, _, given = header.strip().partition(" ")
+        if scheme.lower() != "bearer":
+            # Say what the header looks like, never echo it: it may be the token itself.
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "the authorization metadata must be 'Bearer TOKEN'; "
+                f"{_describe_scheme(scheme, given)}",
+            )
+        if not given.strip():
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "'authorization: Bearer' carries no token after 'Bearer '")
+        if not hmac.compare_digest(given.strip().encode(), self._token.encode()):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "wrong admin token")
 
     def _info(self, name: str) -> admin_pb2.PolicyInfo:
@@ -64,6 +94,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             breaker=breaker() if callable(breaker) else str(breaker),
             shadow_agreement=(active.shadow_agree / active.shadow_calls
                               if active.shadow_calls else 0.0),
+            origin=_origin(self.manager, name, active.source),
         )
 
     async def LoadPolicy(self, request, context):
@@ -93,7 +124,18 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             )
         except PolicyRejected as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        if self.store is not None:
+            await self._saved(context, request.name, lambda: self.store.save(
+                request.name, request.wasm,
+                SavedPolicy(params=params, weight=weight, shadow=request.shadow)))
         return self._info(request.name)
+
+    async def _saved(self, context, name: str, save) -> None:
+        try:
+            save()
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"policy {name!r} is live, but not saved for a restart: {exc}")
 
     async def RemovePolicy(self, request, context):
         await self._authorize(context)
@@ -101,6 +143,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             self.manager.remove(request.name)
         except UnknownPolicyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        if self.store is not None:
+            await self._saved(context, request.name, lambda: self.store.remove(request.name))
         return admin_pb2.RemovePolicyResponse()
 
     async def SetWeight(self, request, context):
@@ -111,6 +155,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except PolicyRejected as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if self.store is not None:
+            await self._saved(context, request.name,
+                              lambda: self.store.set_weight(request.name, request.weight))
         return self._info(request.name)
 
     async def ListPolicies(self, request, context):

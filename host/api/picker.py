@@ -140,6 +140,7 @@ def to_response(decision) -> picker_pb2.PickResponse:
             ex.candidates.add(
                 endpoint=c.endpoint, total=c.total, scores=c.scores,
                 filtered_by=c.filtered_by, rank=c.rank, shadow_scores=c.shadow_scores,
+                reason=c.reason,
                 in_flight=c.in_flight, picked_since_scrape=c.picked_since_scrape,
             )
     return resp

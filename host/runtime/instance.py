@@ -402,12 +402,28 @@ class PolicyInstance:
         return text
 
     def _trap_context(self) -> str:
+        said = self._panic_message()
         memory = getattr(self, "_memory", None)
         # memory.grow fails silently (-1) at the cap; a trap soon after is most likely
         # the guest's reaction to that, so say so.
         if memory is not None and memory.size + (1 << 20) > self._cap:
-            return f" (memory at {_mib(memory.size)} of its {_mib(self._cap)} cap)"
-        return ""
+            return f"{said} (memory at {_mib(memory.size)} of its {_mib(self._cap)} cap)"
+        return said
+
+    def _panic_message(self) -> str:
+        """``(panic: MSG)`` when the trap was a guest panic that left its message where
+        errors go (the Zig SDK's panic handler does; it clears the message at the start
+        of every call, so one found here is this call's). The trap alone only says
+        'unreachable'."""
+        funcs = getattr(self, "_funcs", None)
+        if not funcs or "error_len" not in funcs or getattr(self, "_reading_panic", False):
+            return ""
+        self._reading_panic = True  # error_ptr trapping in turn must not recurse
+        try:
+            message = self._error_message()
+        finally:
+            self._reading_panic = False
+        return f" ({message})" if message.startswith("panic: ") else ""
 
     def _check_ticker(self) -> None:
         if not self._ticker.running:

@@ -178,7 +178,14 @@ def _check_call(mod: PolicyModule, inst: PolicyInstance, blob: bytes, n: int, ca
                     f"score {s!r} for candidate {i}; scores must be finite and in [0, 1]",
                 )
         if not np.array_equal(scores, again):
-            raise _fail(mod, where, None, "score is not deterministic: the same input gave different scores")
+            i = int(np.flatnonzero(scores != again)[0])
+            raise _fail(
+                mod, where, None,
+                f"score is not deterministic: the same input gave different scores (candidate "
+                f"{i}: {float(scores[i]):.6g}, then {float(again[i]):.6g}); a read past the end of "
+                "an input (candidates, endpoints, the prompt) is the usual cause, and may trap "
+                "elsewhere",
+            )
     if inst.has("filter"):
         try:
             inst.filter(blob, n)

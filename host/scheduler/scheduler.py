@@ -20,7 +20,7 @@ import os
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -107,6 +107,8 @@ class CandidateScore:
     shadow_scores: dict[str, float] = field(default_factory=dict)
     in_flight: int = 0
     picked_since_scrape: int = 0
+    reason: str = ""
+    """Why it is not a candidate, in words, beyond the filter's name (no metrics, stale)."""
 
 
 @dataclass(slots=True)
@@ -172,6 +174,9 @@ class Scheduler:
         self._by_request: dict[str, str] = {}
         self._ids = itertools.count(1)
         self._boot = os.urandom(4).hex()
+        self.pool_status: Callable[[], Sequence] | None = None
+        """The pool's per-endpoint scrape status (``Pool.status``): lets an explanation
+        show endpoints that are not in the snapshot, and why (only ``explain`` reads it)."""
 
     # -- the cycle -----------------------------------------------------------------
 
@@ -206,7 +211,7 @@ class Scheduler:
             if subset is not None:
                 candidates = self._in_subset(pool, candidates, subset, request, why)
             if not candidates:
-                raise Unavailable(self._unavailable_reason(pool, request))
+                raise Unavailable(self._unavailable_reason(pool, request) + self._scrape_errors())
             candidates = self._run_filter(
                 self.admission.name, self.admission.filter, cycle, candidates, why
             )
@@ -288,6 +293,8 @@ class Scheduler:
                 row.in_flight = self.assignments.in_flight(row.endpoint) - (row.endpoint == endpoint)
                 row.picked_since_scrape = (self.assignments.picked_since_scrape(row.endpoint)
                                            - (row.endpoint == endpoint))
+            if self.pool_status is not None:
+                _add_scrape_reasons(decision.explanation, self.pool_status())
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "decision %s request=%s model=%s adapter=%s -> %s fallbacks=%s snapshot=%d",
@@ -354,6 +361,17 @@ class Scheduler:
             self.recorder.shadow(entry.name, agree, float(scores[best] - scores[live_pos]))
             out[entry.name] = scores
         return out
+
+    def _scrape_errors(self, limit: int = 3) -> str:
+        """The pool's latest scrape errors, for an UNAVAILABLE answer: '' when none."""
+        if self.pool_status is None:
+            return ""
+        errors = [f"{st.address}: {st.last_error}" for st in self.pool_status()
+                  if st.last_error and not st.fresh]
+        if not errors:
+            return ""
+        more = f"; and {len(errors) - limit} more" if len(errors) > limit else ""
+        return f" (last scrape errors: {'; '.join(errors[:limit])}{more})"
 
     @staticmethod
     def _unavailable_reason(pool: PoolSnapshot, request: abi.Request) -> str:
@@ -455,6 +473,24 @@ class Scheduler:
     @property
     def pending_decisions(self) -> int:
         return len(self._pending)
+
+
+def _add_scrape_reasons(rows: list[CandidateScore], status: Sequence) -> None:
+    """Rows for configured endpoints the snapshot lacks (never scraped successfully), and
+    the scrape's story for stale ones: an endpoint never silently vanishes from a view."""
+    by_address = {row.endpoint: row for row in rows}
+    for st in status:
+        row = by_address.get(st.address)
+        error = f"; last error: {st.last_error}" if st.last_error else ""
+        if row is None:
+            rows.append(CandidateScore(
+                endpoint=st.address, filtered_by="no-metrics",
+                reason=(f"no good scrape of {st.url} yet{error}" if st.last_error
+                        else f"not scraped yet ({st.url})"),
+            ))
+        elif row.filtered_by == FreshFilter.name and st.last_success_age_ms is not None:
+            row.reason = (f"metrics are stale: the last good scrape of {st.url} was "
+                          f"{st.last_success_age_ms / 1000:.1f} s ago{error}")
 
 
 def random_seed() -> int:

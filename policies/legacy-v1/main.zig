@@ -24,6 +24,7 @@ const sdk = @import("epick");
 pub const name = "legacy-v1";
 pub const version = "1.0.0";
 pub const kind = "legacy-v1";
+pub const panic = sdk.panic;
 
 pub const Params = struct {
     queue_threshold_lora: i64 = 128,

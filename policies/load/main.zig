@@ -14,6 +14,7 @@ const sdk = @import("epick");
 pub const name = "load";
 pub const version = "1.0.0";
 pub const kind = "load";
+pub const panic = sdk.panic;
 
 pub const Params = struct {
     queue_weight: f64 = 1.0,

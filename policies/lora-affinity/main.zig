@@ -32,6 +32,7 @@ const sdk = @import("epick");
 pub const name = "lora-affinity";
 pub const version = "1.0.0";
 pub const kind = "lora-affinity";
+pub const panic = sdk.panic;
 
 pub const Profile = enum { seed, upstream };
 

@@ -23,6 +23,7 @@ const max_capacity = @import("lru.zig").max_capacity;
 pub const name = "prefix-cache";
 pub const version = "1.0.0";
 pub const kind = "prefix-cache";
+pub const panic = sdk.panic;
 
 pub const Params = struct {
     block_size: i64 = 64,

@@ -28,6 +28,14 @@
 //! Errors: return `sdk.fail("message naming {s}", .{what})`; the SDK turns it into a
 //! non-zero status and the message `error_ptr`/`error_len` expose. Nothing traps on bad
 //! input.
+//!
+//! Panics: the root file declares `pub const panic = sdk.panic;` (Zig looks for the panic
+//! handler in the root file only; `exportPolicy` refuses to build without it). A
+//! `@panic("msg")` then still traps, but leaves `panic: msg` where errors go, and the
+//! host quotes it beside the trap.
+//!
+//! Hooks are found by name, so `exportPolicy` refuses a `pub` declaration that looks like
+//! a misspelt hook (`pre_request`, `PreRequest`, `preRequst`): it would never be called.
 
 const std = @import("std");
 
@@ -108,8 +116,90 @@ fn bytesAt(ptr: usize, len: usize) []const u8 {
     return @as([*]const u8, @ptrFromInt(ptr))[0..len];
 }
 
+/// The panic handler every policy's root file installs: `pub const panic = sdk.panic;`.
+pub const panic = std.debug.FullPanic(panicHandler);
+
+fn panicHandler(msg: []const u8, _: ?usize) noreturn {
+    @branchHint(.cold);
+    report.panicked(msg);
+    @trap();
+}
+
+/// The declarations the SDK reads from a policy (hooks first).
+const known_decls = [_][]const u8{
+    "init",        "score",       "filter", "onSnapshot", "preRequest", "postResponse",
+    "exportState", "importState", "Params", "name",       "version",    "kind",
+    "resident_snapshot", "panic",
+};
+const hook_list = "init, score, filter, onSnapshot, preRequest, postResponse, exportState, importState, resident_snapshot";
+
+/// `name` lower-cased without underscores: `pre_request` and `PreRequest` become `prerequest`.
+fn folded(comptime name: []const u8) []const u8 {
+    comptime {
+        var out: [name.len]u8 = undefined;
+        var n: usize = 0;
+        for (name) |c| {
+            if (c == '_') continue;
+            out[n] = std.ascii.toLower(c);
+            n += 1;
+        }
+        const final = out[0..n].*;
+        return &final;
+    }
+}
+
+/// Levenshtein distance, for names of a few dozen bytes at comptime.
+fn distance(comptime a: []const u8, comptime b: []const u8) usize {
+    comptime {
+        var prev: [b.len + 1]usize = undefined;
+        for (&prev, 0..) |*p, j| p.* = j;
+        for (a, 0..) |ca, i| {
+            var cur: [b.len + 1]usize = undefined;
+            cur[0] = i + 1;
+            for (b, 0..) |cb, j| {
+                const cost: usize = if (ca == cb) 0 else 1;
+                cur[j + 1] = @min(@min(prev[j + 1] + 1, cur[j] + 1), prev[j] + cost);
+            }
+            prev = cur;
+        }
+        return prev[b.len];
+    }
+}
+
+/// The SDK name `decl` most likely meant, or null: same letters ignoring case and `_`,
+/// or (for the long hook names, where a clash with a helper is unlikely) a typo or two.
+fn meant(comptime decl: []const u8) ?[]const u8 {
+    comptime {
+        for (known_decls) |k| {
+            if (std.mem.eql(u8, decl, k)) return null;
+        }
+        for (known_decls) |k| {
+            const fk = folded(k);
+            const fd = folded(decl);
+            if (std.mem.eql(u8, fd, fk)) return k;
+            if (fk.len >= 10 and distance(fd, fk) <= 2) return k;
+        }
+        return null;
+    }
+}
+
+fn checkDecls(comptime P: type) void {
+    comptime {
+        @setEvalBranchQuota(200_000);
+        for (std.meta.declarations(P)) |decl| {
+            if (meant(decl)) |k| {
+                @compileError("policy '" ++ P.name ++ "' declares `pub " ++ decl ++ "`, which the SDK never calls: did you mean `" ++ k ++ "`? (hooks: " ++ hook_list ++ ")");
+            }
+        }
+        if (!@hasDecl(P, "panic")) {
+            @compileError("policy '" ++ P.name ++ "': add `pub const panic = sdk.panic;` to its root file, so that a @panic's message reaches the host (Zig looks for the panic handler in the root file only)");
+        }
+    }
+}
+
 /// Export the ABI for policy `P` (call it from a `comptime` block in the policy's root).
 pub fn exportPolicy(comptime P: type) void {
+    checkDecls(P);
     const E = Exports(P);
     @export(&E.epick_abi_version, .{ .name = "epick_abi_version" });
     @export(&E.alloc, .{ .name = "alloc" });
@@ -152,6 +242,7 @@ fn Exports(comptime P: type) type {
 
         fn begin() void {
             _ = scratch_arena.reset(.retain_capacity);
+            report.clear();
         }
 
         fn guard(result: Error!void) i32 {

@@ -30,6 +30,21 @@ pub fn status(err: Error) i32 {
     return 1;
 }
 
+/// Forget the last message (every exported call starts with a clean slate, so whatever is
+/// there after a trap was written by that call: a panic's message).
+pub fn clear() void {
+    len = 0;
+}
+
+/// Record a panic's message as `panic: MSG`, for the host to quote beside the trap.
+pub fn panicked(msg: []const u8) void {
+    const prefix = "panic: ";
+    @memcpy(buf[0..prefix.len], prefix);
+    const n = @min(msg.len, buf.len - prefix.len);
+    @memcpy(buf[prefix.len..][0..n], msg[0..n]);
+    len = prefix.len + n;
+}
+
 pub fn ptr() usize {
     return @intFromPtr(&buf);
 }

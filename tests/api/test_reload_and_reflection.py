@@ -102,9 +102,14 @@ def test_grpcurl_lists_and_calls_pick_with_reflection_alone(fake_vllm, serve):
          "epick.v1.EndpointPicker/Pick"], capture_output=True, text=True, timeout=30)
     assert called.returncode == 0, called.stderr
     assert json.loads(called.stdout)["endpoint"] == servers[1].address
-    health = subprocess.run([GRPCURL, "-plaintext", svc.target, "grpc.health.v1.Health/Check"],
-                            capture_output=True, text=True, timeout=30)
-    assert json.loads(health.stdout) == {"status": "SERVING"}
+    def health():
+        r = subprocess.run([GRPCURL, "-plaintext", svc.target, "grpc.health.v1.Health/Check"],
+                           capture_output=True, text=True, timeout=30)
+        return json.loads(r.stdout) if r.returncode == 0 else None
+
+    # A busy machine can leave a scrape late for a moment (NOT_SERVING): the point here is
+    # that grpcurl reaches Health through reflection, so wait for SERVING.
+    assert wait_for(lambda: health() == {"status": "SERVING"}, timeout=15)
     bad = subprocess.run([GRPCURL, "-plaintext", "-d", "{}", svc.target,
                           "epick.v1.EndpointPicker/Pick"], capture_output=True, text=True,
                          timeout=30)

@@ -16,8 +16,16 @@ NAMES = [p.name for p in policies_build.discover()]
 ABI_REQUIRED = {"memory", "epick_abi_version", "alloc", "error_ptr", "error_len", "init"}
 
 
+#: The policies epick ships; a policy an author adds beside them is discovered too.
+BUILTINS = ["example-c", "legacy-v1", "load", "lora-affinity", "prefix-cache"]
+
+
 def test_every_policy_directory_is_discovered():
-    assert NAMES == ["example-c", "legacy-v1", "load", "lora-affinity", "prefix-cache"]
+    root = policies_build.POLICIES_DIR
+    dirs = sorted(d.name for d in root.iterdir() if d.is_dir() and d.name not in ("sdk", "dist")
+                  and ((d / "main.zig").is_file() or any(d.glob("*.c"))))
+    assert NAMES == dirs
+    assert set(BUILTINS) <= set(NAMES)
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +38,8 @@ def rebuilt(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("name", NAMES)
 def test_the_committed_wasm_is_what_the_sources_build_to(rebuilt, name):
     fresh = (rebuilt / f"{name}.wasm").read_bytes()
+    assert (DIST / f"{name}.wasm").is_file(), (
+        f"policies/dist/{name}.wasm is missing: run `make policies` and commit it")
     committed = (DIST / f"{name}.wasm").read_bytes()
     assert fresh == committed, f"policies/dist/{name}.wasm is stale: run `make policies` and commit it"
 
@@ -51,10 +61,42 @@ EXPECTED_EXPORTS = {
 }
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_a_policy_exports_the_abi_and_its_hooks(name):
-    module = wasmtime.Module(wasmtime.Engine(), (DIST / f"{name}.wasm").read_bytes())
-    assert {e.name for e in module.exports} == ABI_REQUIRED | EXPECTED_EXPORTS[name]
+def expected_exports(policy: policies_build.Policy) -> set[str]:
+    """What a policy must export: pinned for the built-ins, from its hooks for the rest."""
+    if policy.name in EXPECTED_EXPORTS:
+        return ABI_REQUIRED | EXPECTED_EXPORTS[policy.name]
+    if policy.language == "zig":
+        return {"memory", *policies_build.zig_exports(policy.source_dir / "main.zig")}
+    return ABI_REQUIRED  # C: whatever else its export_name attributes add
+
+
+@pytest.mark.parametrize("policy", policies_build.discover(), ids=lambda p: p.name)
+def test_a_policy_exports_the_abi_and_its_hooks(policy):
+    module = wasmtime.Module(wasmtime.Engine(), (DIST / f"{policy.name}.wasm").read_bytes())
+    exports = {e.name for e in module.exports}
+    if policy.language == "c" and policy.name not in EXPECTED_EXPORTS:
+        assert ABI_REQUIRED <= exports
+    else:
+        assert exports == expected_exports(policy)
+
+
+def test_a_copied_policy_is_discovered_and_checked_like_the_built_ins(tmp_path, monkeypatch):
+    # The guide's step 1 is `cp -r policies/load policies/my-policy`: the suite must take
+    # the new folder in its stride (it used to hard-code the list of policy folders).
+    import shutil
+
+    src = tmp_path / "policies"
+    src.mkdir()
+    shutil.copytree(DIST.parent / "load", src / "load")
+    shutil.copytree(DIST.parent / "load", src / "my-policy")
+    (src / "sdk").symlink_to(DIST.parent / "sdk")
+    monkeypatch.setattr(policies_build, "POLICIES_DIR", src)
+    found = {p.name: p for p in policies_build.discover()}
+    assert sorted(found) == ["load", "my-policy"]
+    (built,) = policies_build.build_all(tmp_path / "out", ["my-policy"])
+    module = wasmtime.Module(wasmtime.Engine(), built.read_bytes())
+    assert {e.name for e in module.exports} == expected_exports(found["my-policy"])
+    assert expected_exports(found["my-policy"]) == expected_exports(found["load"])
 
 
 def test_a_compile_error_names_the_policy(tmp_path, monkeypatch):
@@ -74,7 +116,7 @@ def test_an_unknown_policy_name_is_refused(tmp_path):
         policies_build.build_all(tmp_path, ["nope"])
     assert str(info.value) == (
         f"policy 'nope': no such policy under {policies_build.POLICIES_DIR} "
-        "(known: example-c, legacy-v1, load, lora-affinity, prefix-cache)"
+        f"(known: {', '.join(NAMES)})"
     )
 
 

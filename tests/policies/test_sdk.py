@@ -9,9 +9,11 @@ import random
 import msgspec
 import numpy as np
 import pytest
+import wasmtime
 from policy_payloads import PolicyCallError, ep, post, pre, score_input, snap
 
 from epick import abi
+from epick.policies_build import POLICIES_DIR, discover
 from epick.runtime import PolicyTrap
 
 POOL = snap([
@@ -21,14 +23,16 @@ POOL = snap([
 REQUEST = dict(request_id="r1", model="m", adapter="x", prompt="p" * 200, criticality=0, seed=7,
                cache_salt="s", headers={"k": "v"})
 
-#: policy -> (its request-path export, the input it takes)
-INPUTS = {
-    "load": "score",
-    "lora-affinity": "score",
-    "prefix-cache": "score",
-    "legacy-v1": "filter",
-    "example-c": "score",
-}
+def _exports(name: str) -> frozenset[str]:
+    wasm = (POLICIES_DIR / "dist" / f"{name}.wasm").read_bytes()
+    return frozenset(e.name for e in wasmtime.Module(wasmtime.Engine(), wasm).exports)
+
+
+#: Every policy under policies/ (discovered, so one an author adds is checked too).
+EXPORTS = {p.name: _exports(p.name) for p in discover()
+           if (POLICIES_DIR / "dist" / f"{p.name}.wasm").is_file()}
+#: policy -> its request-path export (a filter policy's filter, else score)
+INPUTS = {name: "filter" if "filter" in ex else "score" for name, ex in EXPORTS.items()}
 
 
 def call(inst, export: str, blob: bytes):
@@ -40,13 +44,19 @@ def call(inst, export: str, blob: bytes):
 def payloads(name: str) -> dict[str, bytes]:
     """Every valid input this policy takes, by export."""
     out = {INPUTS[name]: score_input(POOL, **REQUEST)}
-    if name != "example-c":
+    if "set_snapshot" in EXPORTS[name]:
         out["set_snapshot"] = abi.encoder.encode(POOL)
-    if name in ("lora-affinity", "prefix-cache"):
+    if "pre_request" in EXPORTS[name]:
         out["pre_request"] = pre("a:1", 5, **REQUEST)
-    if name == "lora-affinity":
+    if "post_response" in EXPORTS[name]:
         out["post_response"] = post("a:1", 6, request_id="r1", adapter="x")
     return out
+
+
+def test_every_discovered_policy_with_a_build_is_exercised():
+    unbuilt = {p.name for p in discover()} - set(INPUTS)
+    assert not unbuilt, f"no policies/dist/*.wasm for {sorted(unbuilt)}: run `make policies`"
+    assert INPUTS["legacy-v1"] == "filter" and INPUTS["load"] == "score"
 
 
 @pytest.mark.parametrize("name", sorted(INPUTS))

@@ -81,7 +81,7 @@ class Explanation(_message.Message):
     def __init__(self, candidates: _Optional[_Iterable[_Union[CandidateExplanation, _Mapping]]] = ..., snapshot_version: _Optional[int] = ..., skipped_policies: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CandidateExplanation(_message.Message):
-    __slots__ = ("endpoint", "total", "scores", "filtered_by", "rank", "shadow_scores", "in_flight", "picked_since_scrape")
+    __slots__ = ("endpoint", "total", "scores", "filtered_by", "rank", "shadow_scores", "reason", "in_flight", "picked_since_scrape")
     class ScoresEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class CandidateExplanation(_message.Message):
     FILTERED_BY_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     SHADOW_SCORES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     PICKED_SINCE_SCRAPE_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
@@ -110,9 +111,10 @@ class CandidateExplanation(_message.Message):
     filtered_by: str
     rank: int
     shadow_scores: _containers.ScalarMap[str, float]
+    reason: str
     in_flight: int
     picked_since_scrape: int
-    def __init__(self, endpoint: _Optional[str] = ..., total: _Optional[float] = ..., scores: _Optional[_Mapping[str, float]] = ..., filtered_by: _Optional[str] = ..., rank: _Optional[int] = ..., shadow_scores: _Optional[_Mapping[str, float]] = ..., in_flight: _Optional[int] = ..., picked_since_scrape: _Optional[int] = ...) -> None: ...
+    def __init__(self, endpoint: _Optional[str] = ..., total: _Optional[float] = ..., scores: _Optional[_Mapping[str, float]] = ..., filtered_by: _Optional[str] = ..., rank: _Optional[int] = ..., shadow_scores: _Optional[_Mapping[str, float]] = ..., reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., picked_since_scrape: _Optional[int] = ...) -> None: ...
 
 class CompletionReport(_message.Message):
     __slots__ = ("decision_id", "request_id", "endpoint", "status", "prompt_tokens", "completion_tokens", "ttft_seconds")
