@@ -16,6 +16,7 @@ with it. Cancel the task group (Ctrl-C, SIGTERM, ``Service.stop``) to stop clean
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -90,6 +91,7 @@ def _limits(config: Config) -> Limits:
     rc = config.runtime
     return Limits(
         budget_ms=rc.budget_ms,
+        fuel=rc.fuel,
         memory_bytes=rc.memory_mb << 20,
         breaker_failures=rc.breaker_failures,
         breaker_cooldown_s=rc.breaker_cooldown_s,
@@ -146,6 +148,14 @@ class Service:
 
     def _load_policies(self, config: Config) -> None:
         """All config policies or none (raises ConfigError naming the policy)."""
+        entries = self._policy_entries(config)
+        try:
+            self.manager.replace_all(entries)
+        except PolicyRejected as exc:
+            raise ConfigError(str(self.config_path or "config"), str(exc)) from None
+
+    def _policy_entries(self, config: Config) -> list:
+        """The config's policies with their module bytes (reads files: off the loop)."""
         entries = []
         base = self.config_path.parent if self.config_path else None
         source = str(self.config_path or "config")
@@ -157,10 +167,24 @@ class Service:
                 raise ConfigError(source, f"policy {pc.name!r}: cannot read module {path}: "
                                   f"{exc.reason}") from None
             entries.append((pc.name, wasm, dict(pc.params), pc.weight, pc.shadow, str(path)))
+        return entries
+
+    async def reload_async(self) -> bool:
+        """:meth:`reload` with file reads, compiles and vetting off the event loop."""
+        if self.config_path is None:
+            return False
         try:
-            self.manager.replace_all(entries)
+            new = await anyio.to_thread.run_sync(load, self.config_path)
+            entries = await anyio.to_thread.run_sync(self._policy_entries, new)
+            await self.manager.replace_all_async(entries)
+        except ConfigError as exc:
+            log.error("config reload refused, still serving the previous config: %s", exc)
+            return False
         except PolicyRejected as exc:
-            raise ConfigError(source, str(exc)) from None
+            log.error("config reload refused, still serving the previous config: %s",
+                      ConfigError(str(self.config_path), str(exc)))
+            return False
+        return self._applied(new)
 
     def reload(self) -> bool:
         """Re-read the config file; apply it or keep the old one. True if applied."""
@@ -168,13 +192,16 @@ class Service:
             return False
         try:
             new = load(self.config_path)
-            if new.server != self.config.server or new.admin != self.config.admin:
-                log.warning("%s: [server]/[admin] changes need a restart; applying the rest",
-                            self.config_path)
             self._load_policies(new)
         except ConfigError as exc:
             log.error("config reload refused, still serving the previous config: %s", exc)
             return False
+        return self._applied(new)
+
+    def _applied(self, new: Config) -> bool:
+        if new.server != self.config.server or new.admin != self.config.admin:
+            log.warning("%s: [server]/[admin] changes need a restart; applying the rest",
+                        self.config_path)
         self.pool.set_endpoints(new.pool.endpoints)
         self.scheduler.admission = AdmissionFilter(new.admission.queue_threshold,
                                                    new.admission.kv_threshold)
@@ -301,13 +328,13 @@ class Service:
         async for _changes in watchfiles.awatch(path.parent, debounce=200, step=50,
                                                 watch_filter=lambda _c, p: Path(p) == path):
             log.info("config file changed: %s", path)
-            self.reload()
+            await self.reload_async()
 
     async def _watch_sighup(self) -> None:
         with anyio.open_signal_receiver(signal.SIGHUP) as signals:
             async for _ in signals:
                 log.info("SIGHUP: reloading %s", self.config_path)
-                self.reload()
+                await self.reload_async()
 
     async def _watch_policy_dir(self) -> None:
         import watchfiles
@@ -321,13 +348,17 @@ class Service:
             watch_filter=lambda c, p: p.endswith(".wasm") and c != watchfiles.Change.deleted,
         ):
             for _change, p in sorted(changes):
-                await self.hot_load(Path(p))
+                await self.hot_load(Path(p), inside=folder)
 
-    async def hot_load(self, path: Path) -> bool:
-        """Validate ``path`` and swap it in as policy ``path.stem``; False if refused."""
+    async def hot_load(self, path: Path, *, inside: Path | None = None) -> bool:
+        """Validate ``path`` and swap it in as policy ``path.stem``; False if refused.
+
+        The file is read on a worker thread; with ``inside`` (the watched folder) only a
+        regular file directly in it is read (see :func:`read_module`)."""
         name = path.stem
         try:
-            wasm = read_module(path)
+            wasm = await anyio.to_thread.run_sync(
+                functools.partial(read_module, path, inside=inside))
             current = self.scheduler.policies
             params = self.manager.active[name].params if name in self.manager.active else {}
             shadow = current.get(name).shadow if name in current else False
