@@ -43,7 +43,7 @@ class ListPoliciesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PolicyInfo(_message.Message):
-    __slots__ = ("name", "version", "sha256", "weight", "shadow", "calls", "errors", "p50_us", "p99_us", "kind", "breaker", "shadow_agreement")
+    __slots__ = ("name", "version", "sha256", "weight", "shadow", "calls", "errors", "p50_us", "p99_us", "kind", "breaker", "shadow_agreement", "recoveries", "timeout_retries", "breaker_opens", "breakers", "smoke_fuel", "recovering_skips")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,12 @@ class PolicyInfo(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     BREAKER_FIELD_NUMBER: _ClassVar[int]
     SHADOW_AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    RECOVERIES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    BREAKER_OPENS_FIELD_NUMBER: _ClassVar[int]
+    BREAKERS_FIELD_NUMBER: _ClassVar[int]
+    SMOKE_FUEL_FIELD_NUMBER: _ClassVar[int]
+    RECOVERING_SKIPS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     sha256: str
@@ -68,7 +74,13 @@ class PolicyInfo(_message.Message):
     kind: str
     breaker: str
     shadow_agreement: float
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., sha256: _Optional[str] = ..., weight: _Optional[float] = ..., shadow: _Optional[bool] = ..., calls: _Optional[int] = ..., errors: _Optional[int] = ..., p50_us: _Optional[float] = ..., p99_us: _Optional[float] = ..., kind: _Optional[str] = ..., breaker: _Optional[str] = ..., shadow_agreement: _Optional[float] = ...) -> None: ...
+    recoveries: int
+    timeout_retries: int
+    breaker_opens: int
+    breakers: str
+    smoke_fuel: int
+    recovering_skips: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., sha256: _Optional[str] = ..., weight: _Optional[float] = ..., shadow: _Optional[bool] = ..., calls: _Optional[int] = ..., errors: _Optional[int] = ..., p50_us: _Optional[float] = ..., p99_us: _Optional[float] = ..., kind: _Optional[str] = ..., breaker: _Optional[str] = ..., shadow_agreement: _Optional[float] = ..., recoveries: _Optional[int] = ..., timeout_retries: _Optional[int] = ..., breaker_opens: _Optional[int] = ..., breakers: _Optional[str] = ..., smoke_fuel: _Optional[int] = ..., recovering_skips: _Optional[int] = ...) -> None: ...
 
 class ListPoliciesResponse(_message.Message):
     __slots__ = ("policies",)
