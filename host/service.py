@@ -139,6 +139,8 @@ class Service:
         )
         self.recorder = TelemetryRecorder(self.manager)
         self.scheduler.recorder = self.recorder
+        telemetry.POLICY_STATS.source = lambda: [(e.name, e.plugin)
+                                                 for e in self.scheduler.policies.entries]
         self.health = HealthServicer()
         self._cancel: anyio.CancelScope | None = None
         self._serving: bool | None = None

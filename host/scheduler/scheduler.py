@@ -28,6 +28,7 @@ import numpy as np
 
 from epick import abi
 from epick.abi import Criticality
+from epick.ratelog import RateLimitedLog
 from epick.scheduler.filters import AdmissionFilter, FreshFilter, ServesModelFilter
 from epick.scheduler.framework import Cycle, PluginError, PoolSnapshot
 from epick.scheduler.picker import MaxScorePicker, Picker
@@ -162,6 +163,8 @@ class Scheduler:
         self._by_request: dict[str, str] = {}
         self._ids = itertools.count(1)
         self._boot = os.urandom(4).hex()
+        # A failing policy fails on every pick: one line per (policy, stage, kind) per 10 s.
+        self._rlog = RateLimitedLog(log)
 
     # -- the cycle -----------------------------------------------------------------
 
@@ -281,7 +284,7 @@ class Scheduler:
     def _policy_failed(self, exc: PluginError, skipped: list[str]) -> None:
         skipped.append(f"{exc.plugin}: {exc.kind}: {exc.reason}")
         self.recorder.policy_error(exc)
-        log.warning("%s", exc)
+        self._rlog.warning((exc.plugin, exc.stage, exc.kind), "%s", exc)
 
     def _run_shadows(self, policies, cycle, candidates, live_pos) -> dict[str, np.ndarray]:
         out = {}
@@ -380,7 +383,7 @@ class Scheduler:
                 entry.plugin.post_response(event)
             except PluginError as exc:
                 self.recorder.policy_error(exc)
-                log.warning("%s", exc)
+                self._rlog.warning((exc.plugin, exc.stage, exc.kind), "%s", exc)
         return True
 
     @property

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import urllib.request
 
 import grpc
 import msgspec
@@ -72,6 +73,8 @@ def test_a_hostile_module_costs_no_pick(fake_vllm, tmp_path, case):
                              metadata=AUTH)
         lat, failures = pick_for(svc, 1.2)
         listed = info(svc, "hostile")
+        text = urllib.request.urlopen(
+            f"http://127.0.0.1:{svc.service.metrics_port}/metrics", timeout=10).read().decode()
     assert failures == [] and len(lat) > 20
     # A liveness bound on a shared machine, not a latency goal (the bench measures it).
     assert float(np.percentile(lat, 99)) < 2.0
@@ -86,6 +89,8 @@ def test_a_hostile_module_costs_no_pick(fake_vllm, tmp_path, case):
     else:
         assert listed.breaker_opens >= 1
     assert listed.smoke_fuel > 0
+    assert 'epick_policy_recoveries_total{policy="hostile"}' in text
+    assert 'epick_policy_breaker_opens_total{policy="hostile"}' in text
 
 
 def test_a_fifo_in_the_policy_dir_is_refused_without_blocking(fake_vllm, tmp_path, caplog):
