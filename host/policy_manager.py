@@ -31,6 +31,7 @@ from pathlib import Path
 import anyio
 
 from epick.runtime import PolicyError, PolicyModule, Runtime, WasmPolicy, validate
+from epick.runtime.runtime import trim_heap
 from epick.scheduler.policyset import PolicyEntry, PolicySet, UnknownPolicyError
 from epick.scheduler.scheduler import Scheduler
 
@@ -141,6 +142,8 @@ class PolicyManager:
                 finally:
                     inst.close()
         except PolicyError as exc:
+            module = None  # drop the refused code before trimming the heap
+            trim_heap()
             raise PolicyRejected(name, str(exc)) from exc
         info = ActivePolicy(
             name=name, module=module, params=params, source=source,

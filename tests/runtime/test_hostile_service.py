@@ -4,6 +4,7 @@ the service. (The latencies themselves: bench/sandbox_under_fire.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -13,11 +14,12 @@ import grpc
 import msgspec
 import numpy as np
 import pytest
-from epick_service import TOKEN, make_config, running
+from epick_service import TOKEN, config_text, make_config, running
 from fakes import vllm_page
 from hostile import HOSTILE, MODEL
 from wat_modules import wasm
 
+from epick import config as cfg
 from epick.api.gen.epick.v1 import admin_pb2 as apb
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 from epick.api.gen.epick.v1 import picker_pb2_grpc
@@ -138,3 +140,27 @@ def test_a_refused_module_leaves_nothing_cached_and_a_removed_one_is_freed(fake_
         svc.admin.RemovePolicy(apb.RemovePolicyRequest(name="extra"), metadata=AUTH)
         assert svc.call(lambda: plugin._inst) is None  # closed: its Store is gone
         assert sha not in rt.cached_modules
+
+
+def test_a_config_reload_compiles_and_vets_off_the_event_loop(fake_vllm, tmp_path):
+    a = fake_vllm(vllm_page())
+    path = tmp_path / "epick.toml"
+    path.write_text(config_text([a.address], tmp=tmp_path))
+    with running(cfg.load(path), config_path=path) as svc:
+        manager = svc.service.manager
+        seen: list[str] = []
+        real = manager.prepare_all
+
+        def recording(entries):
+            seen.append(threading.current_thread().name)
+            return real(entries)
+
+        manager.prepare_all = recording
+        hostile = tmp_path / "hostile.wasm"
+        hostile.write_bytes(HOSTILE["slow-start-trap"][1])  # a ~30+ ms init
+        path.write_text(config_text([a.address], tmp=tmp_path)
+                        + f'[[policies]]\nname = "slow"\nmodule = "{hostile}"\n')
+        applied = asyncio.run_coroutine_threadsafe(svc.service.reload_async(),
+                                                   svc.loop).result(timeout=60)
+        assert applied and seen and "epick-service" not in seen
+        assert svc.call(lambda: manager.names()) == ["load", "slow"]
