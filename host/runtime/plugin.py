@@ -17,8 +17,10 @@ calls:
   last good state (``import_state``), and the snapshot is re-delivered before the next
   call. With ``background_recovery=True`` (the service) the new instance is built on
   the runtime's rebuild thread, never inside a pick: until it is ready every call fails
-  fast with ``recovering`` and the scheduler goes on without the policy. A rebuild that
-  fails is tried again one breaker cooldown later. Without it, the instance is
+  fast with ``recovering`` and the scheduler goes on without the policy. An instance
+  that dies again within a cooldown of its last rebuild is rebuilt after a doubling
+  gap (:data:`REBUILD_MIN_GAP_S` up to the cooldown); a rebuild that fails is tried
+  again one breaker cooldown later. Without it, the instance is
   re-created at once, inline.
   Last good state is captured with ``export_state`` after a successful hook, at most
   once per ``checkpoint_interval_s`` (default 1 s, on ``clock``) and only if a hook
@@ -84,6 +86,8 @@ _rlog = RateLimitedLog(log)
 CHECKPOINT_SHARE = 0.002
 #: Longest gap between checkpoint attempts while they keep failing.
 CHECKPOINT_MAX_GAP_S = 60.0
+#: First gap between two rebuilds of an instance that died again soon after the last.
+REBUILD_MIN_GAP_S = 0.05
 #: The stages with a breaker each (set_snapshot failures count for the call it preceded).
 STAGES = ("score", "filter", "pre_request", "post_response")
 _SUSPECT = (PolicyTrap, PolicyTimeout, PolicyOutOfFuel)
@@ -157,6 +161,8 @@ class WasmPolicy:
         self._background = background_recovery
         self._rebuild: concurrent.futures.Future | None = None
         self._rebuild_at = 0.0  # earliest clock() for the next rebuild attempt
+        self._rebuild_gap = 0.0  # back-off between rebuilds of an instance that keeps dying
+        self._last_rebuild = float("-inf")
         self._clock = clock
         self._now_ms = now_ms
         self._checkpoint_interval_s = checkpoint_interval_s
@@ -341,10 +347,11 @@ class WasmPolicy:
         pending = self._rebuild
         if pending is None:
             if self._clock() < self._rebuild_at:
-                raise _Recovering(
-                    f"instance could not be re-created ({self._recovery_error}); "
-                    f"next try in {self._rebuild_at - self._clock():.1f} s"
-                )
+                wait = self._rebuild_at - self._clock()
+                if self._recovery_error:
+                    raise _Recovering(f"instance could not be re-created "
+                                      f"({self._recovery_error}); next try in {wait:.1f} s")
+                raise _Recovering(f"instance keeps failing; re-created again in {wait:.2f} s")
             self._start_rebuild()
             raise _Recovering("instance is being re-created")
         if not pending.done():
@@ -358,16 +365,36 @@ class WasmPolicy:
             _rlog.error(("rebuild", self.name), "policy %r: cannot re-create the instance: %s",
                         self.name, exc)
             raise _Recovering(f"instance could not be re-created: {exc.detail}") from None
-        except RuntimeError as exc:  # the runtime closed under it
+        except Exception as exc:  # the runtime closed under it, or a host bug: never a pick's
+            self._recovery_error = str(exc)
+            self._rebuild_at = self._clock() + self._cooldown_s
+            _rlog.error(("rebuild", self.name), "policy %r: cannot re-create the instance: %r",
+                        self.name, exc)
             raise _Recovering(f"instance could not be re-created: {exc}") from None
         if restored is not None:
             _rlog.warning(("restore", self.name), "policy %r: last good state not restored: %s",
                           self.name, restored)
         self._inst = inst
+        self._recovery_error = ""
         self.stats.recoveries += 1
         return inst
 
+    def _schedule_rebuild(self) -> None:
+        """Rebuild now, or — for an instance that died again within a cooldown of its
+        last rebuild — after a gap that doubles (50 ms up to the breaker cooldown), so a
+        module that crashes every few calls cannot keep a core busy re-creating it."""
+        now = self._clock()
+        if now - self._last_rebuild >= self._cooldown_s:
+            self._rebuild_gap = 0.0
+        else:
+            self._rebuild_gap = min(self._cooldown_s, max(REBUILD_MIN_GAP_S, 2 * self._rebuild_gap))
+        if self._rebuild_gap:
+            self._rebuild_at = now + self._rebuild_gap
+        else:
+            self._start_rebuild()
+
     def _start_rebuild(self) -> None:
+        self._last_rebuild = self._clock()
         try:
             self._rebuild = self.module.runtime.submit(
                 _build, self.module, dict(self.params), self._good_state)
@@ -473,7 +500,7 @@ class WasmPolicy:
             return
         if self._background:
             if self._rebuild is None:
-                self._start_rebuild()
+                self._schedule_rebuild()
             return
         try:
             inst = self.module.instantiate(self.params)

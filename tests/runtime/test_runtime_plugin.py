@@ -519,3 +519,31 @@ def test_failing_checkpoints_back_off_and_have_their_own_breaker(runtime, fake_c
     assert attempts == [0, 2, 6, 14, 30]
     assert plugin.breaker_states["checkpoint"] == "open"
     assert plugin.breaker_states["pre_request"] == "closed"
+
+
+def test_an_instance_that_keeps_dying_is_rebuilt_after_a_doubling_gap(fake_clock, background):
+    plugin = background("unreachable")
+    first_words = []
+    for _ in range(4):  # 4 traps: under the breaker's 5
+        with pytest.raises(PluginError, match="trap"):
+            plugin.score(cycle(1), (0,))
+        with pytest.raises(PluginError) as err:
+            plugin.score(cycle(1), (0,))
+        first_words.append(err.value.reason)
+        fake_clock.advance(0.2)  # past any gap so far
+        if plugin._rebuild is None:
+            with pytest.raises(PluginError, match="recovering"):
+                plugin.score(cycle(1), (0,))  # the gap is over: this starts the rebuild
+        assert plugin.wait_recovered(timeout=30)
+    assert first_words == [
+        "instance is being re-created",
+        "instance keeps failing; re-created again in 0.05 s",
+        "instance keeps failing; re-created again in 0.10 s",
+        "instance keeps failing; re-created again in 0.20 s",
+    ]
+    assert plugin.stats.recoveries == 4
+    fake_clock.advance(10.0)  # a quiet cooldown: the next death is rebuilt at once
+    with pytest.raises(PluginError, match="trap"):
+        plugin.score(cycle(1), (0,))
+    assert plugin.wait_recovered(timeout=30)  # no gap to wait out on the (fake) clock
+    assert plugin.stats.recoveries == 5
