@@ -15,9 +15,12 @@ calls:
 - **Recovery.** After a trap, timeout or running out of fuel the guest's state is
   suspect: the instance is re-created (fresh ``init`` with the same params), given the
   last good state (``import_state``), and the snapshot is re-delivered before the next
-  call. With ``background_recovery=True`` (the service) the new instance is built on
-  the runtime's rebuild thread, never inside a pick: until it is ready every call fails
-  fast with ``recovering`` and the scheduler goes on without the policy. An instance
+  call. With ``background_recovery=True`` (the service) instances are built on the
+  runtime's rebuild thread, never inside a pick: a warm spare (fresh, ``init``-ed) is
+  kept ready and goes live at once, given the last good state when that is small
+  (:data:`SPARE_STATE_BYTES`); otherwise the new instance is built with its state on
+  that thread, and until it is ready every call fails fast with ``recovering`` and the
+  scheduler goes on without the policy. An instance
   that dies again within a cooldown of its last rebuild is rebuilt after a doubling
   gap (:data:`REBUILD_MIN_GAP_S` up to the cooldown); a rebuild that fails is tried
   again one breaker cooldown later. Without it, the instance is
@@ -88,6 +91,9 @@ CHECKPOINT_SHARE = 0.002
 CHECKPOINT_MAX_GAP_S = 60.0
 #: First gap between two rebuilds of an instance that died again soon after the last.
 REBUILD_MIN_GAP_S = 0.05
+#: Largest last good state imported into the warm spare inside the failing call (a
+#: bigger one is imported on the rebuild thread while the policy sits out).
+SPARE_STATE_BYTES = 64 << 10
 #: The stages with a breaker each (set_snapshot failures count for the call it preceded).
 STAGES = ("score", "filter", "pre_request", "post_response")
 _SUSPECT = (PolicyTrap, PolicyTimeout, PolicyOutOfFuel)
@@ -160,6 +166,7 @@ class WasmPolicy:
         self._cooldown_s = limits.breaker_cooldown_s
         self._background = background_recovery
         self._rebuild: concurrent.futures.Future | None = None
+        self._spare: concurrent.futures.Future | None = None  # a warm, fresh instance
         self._rebuild_at = 0.0  # earliest clock() for the next rebuild attempt
         self._rebuild_gap = 0.0  # back-off between rebuilds of an instance that keeps dying
         self._last_rebuild = float("-inf")
@@ -178,6 +185,7 @@ class WasmPolicy:
         self._recovery_error = ""
         self._closed = False
         self.stats = PolicyStats(stats_window)
+        self._want_spare()
 
     def __repr__(self) -> str:
         return f"<WasmPolicy {self.name!r} module={self.module.name!r} breaker={self.breaker_state}>"
@@ -298,9 +306,52 @@ class WasmPolicy:
             self._inst.close()
         self._inst = None
         self._good_state = None
-        pending, self._rebuild = self._rebuild, None
-        if pending is not None and not pending.cancel():
-            pending.add_done_callback(_close_result)
+        for attr in ("_rebuild", "_spare"):
+            pending = getattr(self, attr)
+            setattr(self, attr, None)
+            if pending is not None and not pending.cancel():
+                pending.add_done_callback(_close_result)
+
+    @property
+    def spare_ready(self) -> bool:
+        """A warm spare instance is built and waiting (background recovery only)."""
+        spare = self._spare
+        return spare is not None and spare.done() and not spare.cancelled() \
+            and spare.exception() is None
+
+    def _want_spare(self) -> None:
+        """Build a fresh spare instance on the rebuild thread, if none is on its way."""
+        if self._background and not self._closed and self._spare is None:
+            try:
+                self._spare = self.module.runtime.submit(_build, self.module,
+                                                         dict(self.params), None)
+            except RuntimeError:  # closed runtime: recovery reports it
+                self._spare = None
+
+    def _take_spare(self) -> bool:
+        """Go live on the warm spare at once, if it is ready and the last good state is
+        small enough to import here (LoRA history: yes; a full prefix LRU: no, that
+        import runs on the rebuild thread instead)."""
+        spare, state = self._spare, self._good_state
+        if spare is not None and spare.done() and (spare.cancelled() or spare.exception()):
+            self._spare = None  # it could not be built: the rebuild will say why
+            return False
+        if not self.spare_ready or (state is not None and len(state) > SPARE_STATE_BYTES):
+            return False
+        inst = self._spare.result()[0]
+        self._spare = None
+        if state is not None:
+            try:
+                inst.import_state(state)
+            except PolicyError as exc:
+                # The ABI says a failed import leaves the policy freshly initialised.
+                _rlog.warning(("restore", self.name),
+                              "policy %r: last good state not restored: %s", self.name, exc)
+        self._inst = inst
+        self._recovery_error = ""
+        self.stats.recoveries += 1
+        self._want_spare()
+        return True
 
     def wait_recovered(self, timeout: float | None = None) -> bool:
         """Wait for a background rebuild to finish (tests, tools); True if live now."""
@@ -377,6 +428,7 @@ class WasmPolicy:
         self._inst = inst
         self._recovery_error = ""
         self.stats.recoveries += 1
+        self._want_spare()
         return inst
 
     def _schedule_rebuild(self) -> None:
@@ -390,6 +442,8 @@ class WasmPolicy:
             self._rebuild_gap = min(self._cooldown_s, max(REBUILD_MIN_GAP_S, 2 * self._rebuild_gap))
         if self._rebuild_gap:
             self._rebuild_at = now + self._rebuild_gap
+        elif self._take_spare():
+            self._last_rebuild = now
         else:
             self._start_rebuild()
 

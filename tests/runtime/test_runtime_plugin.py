@@ -439,12 +439,12 @@ def background(runtime, fake_clock):
 
 def test_with_background_recovery_calls_skip_the_policy_until_its_instance_is_rebuilt(
         runtime, background):
+    gate = threading.Event()
+    runtime.submit(gate.wait, 30)  # hold the rebuild thread: no spare, the rebuild queues
     plugin = background("counter")
     c = cycle(2)
     plugin.pre_request(c, "a")
     plugin.checkpoint()  # last good state: count 1
-    gate = threading.Event()
-    runtime.submit(gate.wait, 30)  # hold the rebuild thread: the rebuild must queue
     try:
         with pytest.raises(PluginError) as err:
             plugin.pre_request(cycle(2, prompt=LONG), "a")
@@ -465,12 +465,15 @@ def test_with_background_recovery_calls_skip_the_policy_until_its_instance_is_re
     assert plugin.stats.errors_by_kind == {"trap": 1, "recovering": 3}
 
 
-def test_a_rebuild_that_fails_is_tried_again_after_a_cooldown(fake_clock, background):
+def test_a_rebuild_that_fails_is_tried_again_after_a_cooldown(runtime, fake_clock, background):
+    gate = threading.Event()
+    runtime.submit(gate.wait, 30)  # no spare yet when it first traps
     plugin = background("unreachable")
     good = plugin.params
     plugin.params = {1: "not a str key"}  # init refuses: the rebuild cannot succeed
     with pytest.raises(PluginError, match="trap"):
         plugin.score(cycle(1), (0,))
+    gate.set()
     assert not plugin.wait_recovered(timeout=30)
     with pytest.raises(PluginError) as err:
         plugin.score(cycle(1), (0,))
@@ -486,9 +489,9 @@ def test_a_rebuild_that_fails_is_tried_again_after_a_cooldown(fake_clock, backgr
 
 
 def test_a_closed_policy_closes_an_instance_that_was_still_being_rebuilt(runtime, background):
-    plugin = background("unreachable")
     gate = threading.Event()
     runtime.submit(gate.wait, 30)
+    plugin = background("unreachable")
     with pytest.raises(PluginError, match="trap"):
         plugin.score(cycle(1), (0,))
     pending = plugin._rebuild
@@ -521,22 +524,41 @@ def test_failing_checkpoints_back_off_and_have_their_own_breaker(runtime, fake_c
     assert plugin.breaker_states["pre_request"] == "closed"
 
 
+def test_a_warm_spare_goes_live_at_once_with_the_last_good_state(background):
+    plugin = background("counter")
+    c = cycle(2)
+    plugin.pre_request(c, "a")
+    plugin.checkpoint()  # last good state: count 1 (8 bytes: imported into the spare)
+    assert plugin._spare.result(timeout=30)  # the spare is built in the background
+    with pytest.raises(PluginError, match="trap"):
+        plugin.pre_request(cycle(2, prompt=LONG), "a")
+    assert not plugin.recovering  # no call skipped
+    assert plugin.score(c, (0, 1)).tolist() == [0.001, 0.001]
+    assert plugin.stats.recoveries == 1 and "recovering" not in plugin.stats.errors_by_kind
+
+
+def _live_or_why(plugin: WasmPolicy) -> str:
+    try:
+        plugin.describe()  # a control call: never traps here, says why when recovering
+        return "live"
+    except PolicyError as exc:
+        return exc.detail
+
+
 def test_an_instance_that_keeps_dying_is_rebuilt_after_a_doubling_gap(fake_clock, background):
     plugin = background("unreachable")
-    first_words = []
+    plugin._spare.result(timeout=30)
+    seen = []
     for _ in range(4):  # 4 traps: under the breaker's 5
         with pytest.raises(PluginError, match="trap"):
             plugin.score(cycle(1), (0,))
-        with pytest.raises(PluginError) as err:
-            plugin.score(cycle(1), (0,))
-        first_words.append(err.value.reason)
+        seen.append(_live_or_why(plugin))
         fake_clock.advance(0.2)  # past any gap so far
-        if plugin._rebuild is None:
-            with pytest.raises(PluginError, match="recovering"):
-                plugin.score(cycle(1), (0,))  # the gap is over: this starts the rebuild
-        assert plugin.wait_recovered(timeout=30)
-    assert first_words == [
-        "instance is being re-created",
+        if seen[-1] != "live":
+            _live_or_why(plugin)  # the gap is over: this starts the rebuild
+            assert plugin.wait_recovered(timeout=30)
+    assert seen == [
+        "live",  # the warm spare
         "instance keeps failing; re-created again in 0.05 s",
         "instance keeps failing; re-created again in 0.10 s",
         "instance keeps failing; re-created again in 0.20 s",
