@@ -5,7 +5,7 @@ under load on a busy machine. Run once and report; not part of `make test`.
                                                  [--burn 1] [--cases spin,every-other]
 
 Each run starts ``epick serve`` as its own process (so client and server do not share a
-GIL) over 8 static vLLM /metrics pages, with ``--burn`` extra processes spinning on the
+GIL) over 8 static vLLM /metrics pages (``python -m http.server``, a third process), with ``--burn`` extra processes spinning on the
 CPU (a busy machine; stopped by PID at the end).
 
 Part 1, per case of tests/runtime/hostile.py (``benign`` first: the baseline): the
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import socket
 import subprocess
 import sys
@@ -44,7 +45,7 @@ from epick.api.gen.epick.v1 import (  # noqa: E402
     picker_pb2,
     picker_pb2_grpc,
 )
-from epick.bench.grpc import _Pages, _start_server  # noqa: E402
+from epick.bench.grpc import _page, _start_server  # noqa: E402
 from epick.config import resolve_module  # noqa: E402
 
 TOKEN = "bench-token"
@@ -69,9 +70,33 @@ def _config(pages_port: int, admin_port: int, cache: Path, *, gate: bool) -> str
     return "\n".join(lines) + "\n"
 
 
-class Pages(_Pages):
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass  # a scrape cut off when the epick process stops: not news
+class Pages:
+    """The 8 /metrics pages, served by ``python -m http.server`` in a process of its own:
+    in this process the picking threads would starve it of the GIL and the pool would
+    see stale metrics that say nothing about epick."""
+
+    def __init__(self, tmp: Path) -> None:
+        folder = tmp / "pages"
+        (folder / "metrics").mkdir(parents=True)
+        rng = random.Random(5)
+        for i in range(8):
+            (folder / "metrics" / str(i)).write_bytes(_page(i, rng))
+        self.port = _free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "http.server", str(self.port), "--bind", "127.0.0.1",
+             "--directory", str(folder)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=15)
 
 
 class Clients:
@@ -118,10 +143,10 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q / 100 * len(s)))] if s else float("nan")
 
 
-def _serve(tmp: Path, pages: _Pages, *, gate: bool):
+def _serve(tmp: Path, pages: Pages, *, gate: bool):
     admin_port = _free_port()
     path = tmp / f"epick-{admin_port}.toml"
-    path.write_text(_config(pages.server_address[1], admin_port, tmp / "cache", gate=gate))
+    path.write_text(_config(pages.port, admin_port, tmp / "cache", gate=gate))
     proc, target = _start_server(path)
     admin_ch = grpc.insecure_channel(f"127.0.0.1:{admin_port}")
     grpc.channel_ready_future(admin_ch).result(timeout=30)
@@ -138,7 +163,7 @@ def _stop(proc: subprocess.Popen, admin_ch: grpc.Channel) -> None:
         proc.wait()
 
 
-def hostile_cases(tmp: Path, pages: _Pages, args) -> None:
+def hostile_cases(tmp: Path, pages: Pages, args) -> None:
     print(f"Part 1: picks while a hostile module is live ({args.threads} clients x "
           f"{args.seconds:g} s, {args.burn} CPU burner(s))")
     print(f"{'case':<16}{'picks/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'failed':>8}"
@@ -161,7 +186,7 @@ def hostile_cases(tmp: Path, pages: _Pages, args) -> None:
               f"{info.recovering_skips:7d}  {info.breakers}   ({what})")
 
 
-def hot_swaps(tmp: Path, pages: _Pages, args) -> None:
+def hot_swaps(tmp: Path, pages: Pages, args) -> None:
     load = resolve_module("load").read_bytes()
     params = [json.dumps({"queue_weight": 1.0, "kv_weight": 0.0}),
               json.dumps({"queue_weight": 0.0, "kv_weight": 1.0})]
@@ -210,16 +235,17 @@ def main() -> None:
             ap.error(f"unknown case {case!r}; one of {', '.join(HOSTILE)}")
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                for _ in range(args.burn)]
-    pages = Pages(8)
-    threading.Thread(target=pages.serve_forever, daemon=True).start()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            if args.cases:
-                hostile_cases(Path(tmp), pages, args)
-            if args.swaps:
-                hot_swaps(Path(tmp), pages, args)
+            pages = Pages(Path(tmp))
+            try:
+                if args.cases:
+                    hostile_cases(Path(tmp), pages, args)
+                if args.swaps:
+                    hot_swaps(Path(tmp), pages, args)
+            finally:
+                pages.close()
     finally:
-        pages.shutdown()
         for b in burners:
             b.kill()
             b.wait()
