@@ -13,7 +13,10 @@ For every policy in policies/dist/ that scores, four engines run the same call �
 
 Rounds are interleaved (none, epoch, fuel, both, none, …) so a noisy neighbour hits all
 four alike; the table prints the median µs per call of each and the ratio to ``none``.
-The fuel column also gives the fuel one call used (deterministic). Numbers, not goals.
+The fuel column also gives the fuel one call used (deterministic). A second table times
+the guest call alone (``GuestFunc.call3`` on an input already in guest memory: the
+guest's code plus ~1 µs of ctypes), where the instrumentation's share shows undiluted
+by the host's per-call work. Numbers, not goals.
 """
 
 from __future__ import annotations
@@ -55,8 +58,9 @@ def main() -> None:
     pool = PoolSnapshot.build(snapshot(64))
     everyone = tuple(range(64))
     request = abi.Request(model="m", adapter="a", prompt="You are a helpful assistant. " * 20)
-    print(f"{'policy':<14}" + "".join(f"{k + ' µs':>11}" for k in ENGINES)
-          + f"{'epoch x':>9}{'fuel x':>8}{'both x':>8}{'fuel/call':>11}")
+    header = (f"{'policy':<14}" + "".join(f"{k + ' µs':>11}" for k in ENGINES)
+              + f"{'epoch x':>9}{'fuel x':>8}{'both x':>8}{'fuel/call':>11}")
+    rows: dict[str, list[str]] = {}
     try:
         for path in sorted(DIST.glob("*.wasm")):
             data = path.read_bytes()
@@ -73,7 +77,13 @@ def main() -> None:
                 for _ in range(200):
                     plugin.score(cycles[key], everyone)
             fuel = plugins["both"]._inst.fuel_used("score")
+            guest = {}
+            for key, plugin in plugins.items():  # the last input is still in guest memory
+                inst = plugin._inst
+                size = len(cycles[key].score_input(everyone, inline_snapshot=not plugin._resident))
+                guest[key] = (inst._score.call3, inst._in_ptr, size, inst._out_ptr)
             samples: dict[str, list[float]] = {k: [] for k in plugins}
+            raw: dict[str, list[float]] = {k: [] for k in plugins}
             for _ in range(args.rounds):
                 for key, plugin in plugins.items():
                     c, score = cycles[key], plugin.score
@@ -81,18 +91,28 @@ def main() -> None:
                     for _ in range(args.calls):
                         score(c, everyone)
                     samples[key].append((time.perf_counter_ns() - t0) / args.calls / 1000)
-            med = {k: statistics.median(v) for k, v in samples.items()}
-            print(f"{path.stem:<14}" + "".join(f"{med[k]:11.2f}" for k in ENGINES)
-                  + "".join(f"{med[k] / med['none']:9.3f}" if k == "epoch" else
-                            f"{med[k] / med['none']:8.3f}" for k in ("epoch", "fuel", "both"))
-                  + f"{fuel:>11,}")
+                    call, a, b, out = guest[key]
+                    t0 = time.perf_counter_ns()
+                    for _ in range(args.calls):
+                        call(a, b, out)
+                    raw[key].append((time.perf_counter_ns() - t0) / args.calls / 1000)
+            for table, data in (("WasmPolicy.score", samples), ("guest call only", raw)):
+                med = {k: statistics.median(v) for k, v in data.items()}
+                rows.setdefault(table, []).append(
+                    f"{path.stem:<14}" + "".join(f"{med[k]:11.2f}" for k in ENGINES)
+                    + "".join(f"{med[k] / med['none']:9.3f}" if k == "epoch" else
+                              f"{med[k] / med['none']:8.3f}" for k in ("epoch", "fuel", "both"))
+                    + f"{fuel:>11,}")
             for plugin in plugins.values():
                 plugin.close()
     finally:
         for rt in runtimes.values():
             rt.close()
-    print(f"({args.rounds} interleaved rounds x {args.calls} calls; WasmPolicy.score, 64 "
-          f"endpoints; x = median / median of 'none')")
+    for table, lines in rows.items():
+        print(f"{table}, 64 endpoints:\n{header}")
+        print("\n".join(lines))
+    print(f"({args.rounds} interleaved rounds x {args.calls} calls; x = median / median of "
+          f"'none')")
 
 
 if __name__ == "__main__":
