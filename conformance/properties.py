@@ -11,8 +11,9 @@ Each property is a function ``(Probe) -> CaseResult`` named ``property/<what>``:
                                never a trap, and the instance keeps working
     bad-params-are-refused     an unknown or ill-typed param: init refuses, naming the key
     time-budget                the heaviest inputs (1,024 endpoints, the longest prompt) never
-                               hit the runtime's per-call deadline three times in a row
-                               (the deadline is wall-clock: one hit can be a busy machine)
+                               run out of fuel (the per-call instruction budget: the same
+                               verdict on any machine), nor hit the wall-clock backstop
+                               three times in a row (one hit can be a busy machine)
     memory-stable              linear memory does not grow from call 5,000 to call 10,000
     reinit-resets-state        init after a history gives a fresh instance's outputs
 
@@ -35,7 +36,13 @@ from epick import abi
 from epick.conformance.driver import Driver, encode, encode_with_future_fields
 from epick.conformance.report import CaseResult
 from epick.conformance.runner import fmt, render
-from epick.runtime.errors import PolicyCallError, PolicyError, PolicyLoadError, PolicyTimeout
+from epick.runtime.errors import (
+    PolicyCallError,
+    PolicyError,
+    PolicyLoadError,
+    PolicyOutOfFuel,
+    PolicyTimeout,
+)
 
 __all__ = ["PROPERTIES", "Probe", "probe_snapshot", "run_properties"]
 
@@ -419,6 +426,11 @@ def time_budget(p: Probe) -> CaseResult:
             if d.instance.has("post_response"):
                 ev2 = abi.PostResponseEvent(request_id="long", adapter="a1", endpoint=_addr(rep))
                 timed("post_response", lambda: d.post_response(ev2))
+    except PolicyOutOfFuel as exc:
+        return _result(
+            "time-budget", False, f"within {exc.fuel:,} instructions", "out of fuel",
+            f"with {n} endpoints and a {len(_LONG_PROMPT.encode())}-byte prompt: {exc.detail}", t0,
+        )
     except PolicyTimeout as exc:
         return _result(
             "time-budget", False, f"within {exc.budget_ms:g} ms", "timeout",

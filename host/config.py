@@ -113,8 +113,11 @@ class AdmissionConfig(_Table):
 
 
 class RuntimeConfig(_Table):
-    budget_ms: Annotated[float, Meta(gt=0, le=1000)] = 1.0
+    budget_ms: Annotated[float, Meta(gt=0, le=1000)] = 50.0
+    """Wall-clock backstop of one policy call (epoch deadline); coarse on purpose."""
     memory_mb: Annotated[int, Meta(ge=1, le=4096)] = 64
+    fuel: Annotated[int, Meta(ge=1000, le=10_000_000_000)] = 10_000_000
+    """Instructions one request-path policy call may execute: the primary limit."""
     breaker_failures: Annotated[int, Meta(ge=1)] = 5
     breaker_cooldown_s: Annotated[float, Meta(ge=0)] = 10.0
     policy_dir: str = ""

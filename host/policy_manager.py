@@ -3,13 +3,17 @@
 Every way a policy goes live — the config file at start or reload, the watched policy
 directory, the admin API — goes through :meth:`PolicyManager.activate`:
 
-    compile (cached by content hash) -> validate (exports, ABI, init, smoke run)
-      -> conformance gate (hot loads only; shadow may be exempt by config)
+    compile -> validate (exports, ABI, init, smoke run: judged on fuel)
+      -> conformance gate (hot loads only; shadow may be exempt by config; fuel again)
+      -> the live instance is made                 (all of this: on a worker thread)
       -> hand state over from the policy it replaces (export_state -> import_state)
-      -> one assignment of a new PolicySet to the scheduler
+      -> one assignment of a new PolicySet to the scheduler; the old plugin is closed
 
 A module that fails any step raises :class:`PolicyRejected` naming the policy and the
-step; the running set is untouched, so a bad module never replaces a working one.
+step; the running set is untouched, so a bad module never replaces a working one, and
+nothing of it is kept (its compiled code is cached only once it passed). Loads are
+vetted one at a time (:data:`MAX_PENDING_LOADS` may wait; more are refused with
+:class:`LoadsBusy`), so a burst of loads cannot take both cores from picks.
 """
 
 from __future__ import annotations
@@ -18,18 +22,31 @@ import functools
 import hashlib
 import logging
 import math
-from dataclasses import dataclass
+import os
+import re
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 
 from epick.runtime import PolicyError, PolicyModule, Runtime, WasmPolicy, validate
+from epick.runtime.runtime import trim_heap
 from epick.scheduler.policyset import PolicyEntry, PolicySet, UnknownPolicyError
 from epick.scheduler.scheduler import Scheduler
 
-__all__ = ["PolicyManager", "PolicyRejected", "ActivePolicy", "read_module", "UnknownPolicyError"]
+__all__ = [
+    "PolicyManager", "PolicyRejected", "LoadsBusy", "ActivePolicy", "read_module",
+    "UnknownPolicyError", "check_name", "NAME_PATTERN", "MAX_PENDING_LOADS",
+]
 
 log = logging.getLogger("epick.policies")
+
+#: What a policy name may look like: the config's pattern (``PolicyConfig.name``).
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_NAME = re.compile(NAME_PATTERN)
+#: Hot loads waiting for the (single) vetting worker; one more is refused.
+MAX_PENDING_LOADS = 4
 
 
 class PolicyRejected(Exception):
@@ -39,6 +56,22 @@ class PolicyRejected(Exception):
         super().__init__(f"policy {name!r} rejected: {reason}")
         self.name = name
         self.reason = reason
+
+
+class LoadsBusy(PolicyRejected):
+    """Too many loads are already waiting to be vetted; try again later."""
+
+
+def check_name(name: str) -> None:
+    """Raise PolicyRejected unless ``name`` matches :data:`NAME_PATTERN`."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        shown = repr(name[:80]) + ("…" if len(name) > 80 else "") if isinstance(name, str) \
+            else type(name).__name__
+        raise PolicyRejected(
+            "?" if not isinstance(name, str) else name[:80],
+            f"name {shown} must match {NAME_PATTERN} (1-64 letters, digits, '.', '_', '-', "
+            f"starting with a letter or digit)",
+        )
 
 
 @dataclass(slots=True)
@@ -56,6 +89,11 @@ class ActivePolicy:
     """Result of the conformance gate; ``None`` when it was not run (config-loaded)."""
     shadow_calls: int = 0
     shadow_agree: int = 0
+    smoke_fuel: dict[str, int] = field(default_factory=dict)
+    """Most fuel each request-path export used on the smoke run (``validate``)."""
+    plugin: WasmPolicy | None = field(default=None, repr=False)
+    """The live plugin, made off the event loop by :meth:`PolicyManager.prepare`; taken
+    (set to None) by :meth:`PolicyManager.install`."""
 
 
 class PolicyManager:
@@ -83,6 +121,8 @@ class PolicyManager:
         self.weight_overrides: dict[str, float] = {}
         """Weights set through the admin API; a reload keeps them unless the config
         entry of that policy changed."""
+        self._vet_limiter: anyio.CapacityLimiter | None = None  # made on the event loop
+        self._pending_loads = 0
 
     # -- loading -------------------------------------------------------------------
 
@@ -95,26 +135,44 @@ class PolicyManager:
         Touches no live instance, so it may run on a worker thread: a conformance run
         takes ~0.1–0.3 s, which must not stall picks on the event loop.
         """
+        check_name(name)
         params = dict(params or {})
         try:
             module = self.runtime.compile(wasm, name=name)
-            validate(module, params)
+            smoke_fuel = validate(module, params)
             described = None
             if "describe" in module.exports:
-                inst = module.instantiate(params)
+                inst = module.for_vetting().instantiate(params)
                 try:
                     described = inst.describe()
                 finally:
                     inst.close()
         except PolicyError as exc:
+            module = None  # drop the refused code before trimming the heap
+            trim_heap()
             raise PolicyRejected(name, str(exc)) from exc
         info = ActivePolicy(
             name=name, module=module, params=params, source=source,
             version=described.version if described else "",
-            kind=described.kind if described else "custom",
+            kind=described.kind if described else "custom", smoke_fuel=smoke_fuel,
         )
         if gate and self.require_conformance:
             self._gate(info, shadow)
+        self.runtime.keep(module)  # accepted: only now is its compiled code cached
+        return info
+
+    def prepare(
+        self, name: str, wasm: bytes, params: dict | None, *, source: str, gate: bool,
+        shadow: bool = False,
+    ) -> ActivePolicy:
+        """:meth:`vet`, then make the live plugin (its ``init`` runs here too): all of
+        the work that may take long, so it runs on a worker thread."""
+        info = self.vet(name, wasm, params, source=source, gate=gate, shadow=shadow)
+        try:
+            info.plugin = WasmPolicy(info.module, info.params, name=name,
+                                     checkpoint_on_hooks=False, background_recovery=True)
+        except PolicyError as exc:
+            raise PolicyRejected(name, str(exc)) from exc
         return info
 
     def _gate(self, info: ActivePolicy, shadow: bool) -> None:
@@ -122,7 +180,8 @@ class PolicyManager:
 
         kind = info.kind if info.kind != "custom" else None
         try:
-            report = check(info.module, info.params, kind=kind)
+            # Fuel decides, not the wall clock: a busy machine must not fail a module.
+            report = check(info.module.for_vetting(), info.params, kind=kind)
         except (ConformanceError, PolicyError) as exc:
             raise PolicyRejected(info.name, f"conformance could not run: {exc}") from exc
         info.conformant = report.passed
@@ -141,11 +200,13 @@ class PolicyManager:
         """Make a vetted module live (on the scheduler's thread): one PolicySet swap."""
         name = info.name
         _check_weight(name, weight)
-        try:
-            plugin = WasmPolicy(info.module, info.params, name=name,
-                                    checkpoint_on_hooks=False)
-        except PolicyError as exc:
-            raise PolicyRejected(name, str(exc)) from exc
+        plugin, info.plugin = info.plugin, None
+        if plugin is None:  # vetted, not prepared: make the instance here
+            try:
+                plugin = WasmPolicy(info.module, info.params, name=name,
+                                    checkpoint_on_hooks=False, background_recovery=True)
+            except PolicyError as exc:
+                raise PolicyRejected(name, str(exc)) from exc
         current = self.scheduler.policies
         old = current.get(name) if name in current else None
         if old is not None:
@@ -155,8 +216,11 @@ class PolicyManager:
         entry = PolicyEntry(name=name, plugin=plugin, weight=1.0 if weight is None else weight,
                             shadow=shadow)
         self.scheduler.policies = current.put(entry)
+        replaced = self.active.get(name)
         self.active[name] = info
         self.runtime_loaded.add(name)
+        if old is not None:
+            self._release(old.plugin, replaced)
         log.info("policy %r live (%s, sha256 %s, weight %s%s)", name, info.source,
                  info.module.sha256[:12], entry.weight, ", shadow" if shadow else "")
         return info
@@ -180,12 +244,29 @@ class PolicyManager:
     async def activate_async(self, name: str, wasm: bytes, params: dict | None = None, *,
                              weight: float | None = None, shadow: bool = False,
                              source: str = "admin", gate: bool = True) -> ActivePolicy:
-        """Like :meth:`activate`, vetting on a worker thread so picks keep flowing."""
+        """Like :meth:`activate`, vetting and instantiating on a worker thread so picks
+        keep flowing. Raises :class:`LoadsBusy` when :data:`MAX_PENDING_LOADS` loads
+        already wait."""
+        check_name(name)
         _check_weight(name, weight)
-        info = await anyio.to_thread.run_sync(
-            functools.partial(self.vet, name, wasm, params, source=source, gate=gate,
-                              shadow=shadow))
+        info = await self.run_vetting(name, functools.partial(
+            self.prepare, name, wasm, params, source=source, gate=gate, shadow=shadow))
         return self.install(info, weight=weight, shadow=shadow)
+
+    async def run_vetting(self, name: str, fn):
+        """``fn()`` on the vetting worker thread, one at a time, a few waiting at most
+        (:class:`LoadsBusy` naming ``name`` beyond that)."""
+        if self._pending_loads >= MAX_PENDING_LOADS + 1:
+            raise LoadsBusy(
+                name, f"{self._pending_loads} loads are already being vetted or waiting "
+                f"(at most {MAX_PENDING_LOADS + 1}); try again when one has finished")
+        if self._vet_limiter is None:
+            self._vet_limiter = anyio.CapacityLimiter(1)
+        self._pending_loads += 1
+        try:
+            return await anyio.to_thread.run_sync(fn, limiter=self._vet_limiter)
+        finally:
+            self._pending_loads -= 1
 
     @staticmethod
     def _hand_over(name: str, old: object, new: WasmPolicy) -> None:
@@ -202,11 +283,26 @@ class PolicyManager:
             log.warning("policy %r: state not handed over: %s", name, exc)
 
     def remove(self, name: str) -> None:
-        self.scheduler.policies = self.scheduler.policies.remove(name)
-        self.active.pop(name, None)
+        """Take ``name`` out of the live set and free it (instance closed, code dropped)."""
+        current = self.scheduler.policies
+        old = current.get(name) if name in current else None
+        self.scheduler.policies = current.remove(name)
+        info = self.active.pop(name, None)
         self.runtime_loaded.discard(name)
         self.weight_overrides.pop(name, None)
+        if old is not None:
+            self._release(old.plugin, info)
         log.info("policy %r removed", name)
+
+    def _release(self, plugin: object, info: ActivePolicy | None) -> None:
+        """Close a plugin that left the live set; forget its module if none uses it."""
+        close = getattr(plugin, "close", None)
+        if close is not None:
+            close()
+        if info is not None:
+            sha = info.module.sha256
+            if all(a.module.sha256 != sha for a in self.active.values()):
+                self.runtime.forget(sha)
 
     def set_weight(self, name: str, weight: float) -> PolicyEntry:
         _check_weight(name, weight)
@@ -227,11 +323,56 @@ class PolicyManager:
         differ from the last applied config; ``None``: all of them). Admin weights stay
         likewise. A changed entry wins, and that is logged as a warning.
         """
+        return self.apply_all(entries, self.prepare_all(entries, changed), changed)
+
+    async def replace_all_async(self, entries: list[tuple[str, bytes, dict, float, bool, str]],
+                                *, changed: frozenset[str] | set[str] | None = None
+                                ) -> list[str]:
+        """:meth:`replace_all` with the compiles and vetting on the vetting worker."""
+        fresh = await self.run_vetting(
+            "config", functools.partial(self.prepare_all, entries, changed))
+        return self.apply_all(entries, fresh, changed)
+
+    def _unchanged(self, name: str, wasm: bytes, params: dict) -> bool:
+        info = self.active.get(name)
+        return (info is not None and name in self.scheduler.policies
+                and info.module.sha256 == _sha256(wasm) and info.params == params)
+
+    def _kept_at_runtime(self, name: str, changed: frozenset[str]) -> bool:
+        """A policy loaded while serving stays in place of its unchanged config entry."""
+        return (name in self.runtime_loaded and name in self.scheduler.policies
+                and name in self.active and name not in changed)
+
+    @staticmethod
+    def _changed(entries, changed) -> frozenset[str]:
+        return frozenset(e[0] for e in entries) if changed is None else frozenset(changed)
+
+    def prepare_all(self, entries, changed=None) -> dict[str, ActivePolicy]:
+        """The changed entries, each :meth:`prepare`-d (may run on a worker thread: it
+        only reads ``active``). On a rejection, what was prepared is closed."""
+        changed = self._changed(entries, changed)
+        fresh: dict[str, ActivePolicy] = {}
+        try:
+            for name, wasm, params, _weight, _shadow, source in entries:
+                if self._kept_at_runtime(name, changed):
+                    continue
+                if not self._unchanged(name, wasm, params):
+                    fresh[name] = self.prepare(name, wasm, params, source=source, gate=False)
+        except BaseException:
+            for info in fresh.values():
+                if info.plugin is not None:
+                    info.plugin.close()
+            raise
+        return fresh
+
+    def apply_all(self, entries, fresh: dict[str, ActivePolicy], changed=None) -> list[str]:
+        """On the scheduler's thread: swap in ``entries`` (``fresh`` from prepare_all);
+        return the names of the policies kept that the config does not decide."""
         current = self.scheduler.policies
-        changed = frozenset(e[0] for e in entries) if changed is None else frozenset(changed)
+        changed = self._changed(entries, changed)
         config_names = {e[0] for e in entries}
         prepared: list[tuple[PolicyEntry, ActivePolicy]] = []
-        for name, wasm, params, weight, shadow, source in entries:
+        for name, wasm, params, weight, shadow, _source in entries:
             if name in self.runtime_loaded and name in current and name in self.active:
                 if name not in changed:
                     prepared.append((current.get(name), self.active[name]))
@@ -241,31 +382,32 @@ class PolicyManager:
                             self.active[name].source)
             if name not in changed and name in self.weight_overrides and name in current:
                 weight = current.get(name).weight
-            info = self.active.get(name)
-            if (
-                info is not None
-                and name in current
-                and info.module.sha256 == _sha256(wasm)
-                and info.params == params
-            ):
+            info = fresh.get(name)
+            if info is None:
+                if not self._unchanged(name, wasm, params):  # changed while we vetted
+                    for other in fresh.values():
+                        if other.plugin is not None:
+                            other.plugin.close()
+                    raise PolicyRejected(name, "the live set changed during the reload; "
+                                         "reload again")
                 prepared.append((PolicyEntry(name, current.get(name).plugin, weight, shadow),
-                                 info))
+                                 self.active[name]))
                 continue
-            info = self.vet(name, wasm, params, source=source, gate=False)
-            try:
-                plugin = WasmPolicy(info.module, info.params, name=name,
-                                    checkpoint_on_hooks=False)
-            except PolicyError as exc:
-                raise PolicyRejected(name, str(exc)) from exc
+            plugin, info.plugin = info.plugin, None
             if name in current:
                 self._hand_over(name, current.get(name).plugin, plugin)
             prepared.append((PolicyEntry(name, plugin, weight, shadow), info))
-        kept = [e.name for e in current.entries
-                if e.name in self.runtime_loaded and e.name not in config_names
-                and e.name in self.active]
-        prepared += [(current.get(name), self.active[name]) for name in kept]
+        kept_names = [e.name for e in current.entries
+                      if e.name in self.runtime_loaded and e.name not in config_names
+                      and e.name in self.active]
+        prepared += [(current.get(name), self.active[name]) for name in kept_names]
+        old_active, old_set = self.active, current
         self.scheduler.policies = PolicySet(tuple(e for e, _ in prepared))
         self.active = {info.name: info for _, info in prepared}
+        kept = {id(e.plugin) for e, _ in prepared}
+        for entry in old_set.entries:
+            if id(entry.plugin) not in kept:
+                self._release(entry.plugin, old_active.get(entry.name))
         live = {info.name for _, info in prepared}
         self.runtime_loaded &= {n for n in live if n not in changed or n not in config_names}
         self.weight_overrides = {n: w for n, w in self.weight_overrides.items()
@@ -297,9 +439,66 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def read_module(path: Path) -> bytes:
+#: Largest module file read (the runtime refuses bigger modules anyway).
+MAX_FILE_BYTES = 32 << 20
+
+
+def read_module(path: Path, *, inside: Path | None = None, max_bytes: int = MAX_FILE_BYTES
+                ) -> bytes:
+    """The bytes of the module file ``path``, read safely (it may be dropped by anyone
+    who can write to a watched folder).
+
+    Only a regular file is read: a FIFO, a device or a directory is refused without
+    blocking (opened with ``O_NONBLOCK``, checked with ``fstat`` on the open file, so it
+    cannot be swapped in between). With ``inside``, the file must be in that folder and
+    not a symlink (``O_NOFOLLOW``), so a link cannot point the watcher at a file
+    elsewhere. Files over ``max_bytes`` are refused before they are read. Raises
+    :class:`PolicyRejected` naming the file.
+    """
+    name = path.stem
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    if inside is not None:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+        folder = Path(inside).resolve()
+        if Path(os.path.realpath(path.parent)) != folder:
+            raise PolicyRejected(name, f"{path} is not directly in {folder}")
     try:
-        return path.read_bytes()
+        fd = os.open(path, flags)
     except OSError as exc:
-        raise PolicyRejected(path.stem, f"cannot read {path}: {exc.strerror}") from None
+        if inside is not None and path.is_symlink():
+            raise PolicyRejected(name, f"{path} is a symlink; only regular files are "
+                                 "loaded from the policy folder") from None
+        raise PolicyRejected(name, f"cannot read {path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PolicyRejected(name, f"{path} is not a regular file "
+                                 f"({_file_kind(st.st_mode)}); not read")
+        if st.st_size > max_bytes:
+            raise PolicyRejected(name, f"{path} is {st.st_size:,} bytes, over the "
+                                 f"{max_bytes:,}-byte cap; not read")
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise PolicyRejected(name, f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:  # grew while we read
+        raise PolicyRejected(name, f"{path} is over the {max_bytes:,}-byte cap; not read")
+    return data
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
 

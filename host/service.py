@@ -17,6 +17,7 @@ with it. Cancel the task group (Ctrl-C, SIGTERM, ``Service.stop``) to stop clean
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import logging
 import signal
@@ -146,6 +147,7 @@ def _limits(config: Config) -> Limits:
     rc = config.runtime
     return Limits(
         budget_ms=rc.budget_ms,
+        fuel=rc.fuel,
         memory_bytes=rc.memory_mb << 20,
         breaker_failures=rc.breaker_failures,
         breaker_cooldown_s=rc.breaker_cooldown_s,
@@ -204,11 +206,13 @@ class Service:
         )
         self.recorder = TelemetryRecorder(self.manager)
         self.scheduler.recorder = self.recorder
+        telemetry.POLICY_STATS.source = lambda: [(e.name, e.plugin)
+                                                 for e in self.scheduler.policies.entries]
         self.health = HealthServicer()
         self._cancel: anyio.CancelScope | None = None
         self._watchers_stop: anyio.Event | None = None
         self._serving: bool | None = None
-        self._applied: dict[str, tuple] = {}
+        self._applied_policies: dict[str, tuple] = {}
         """Per config policy: its entry and module hash as last applied."""
         self._load_policies(config)
         self.store: PolicyStore | None = None
@@ -221,6 +225,21 @@ class Service:
     def _load_policies(self, config: Config) -> list[str]:
         """All config policies or none (raises ConfigError naming the policy). Returns
         the policies loaded while serving that stay (PolicyManager.replace_all)."""
+        entries, applied = self._policy_entries(config)
+        try:
+            kept = self.manager.replace_all(entries, changed=self._changed(applied))
+        except PolicyRejected as exc:
+            raise ConfigError(str(self.config_path or "config"), str(exc)) from None
+        self._applied_policies = applied
+        return kept
+
+    def _changed(self, applied: dict[str, tuple]) -> set[str]:
+        """Config entries that differ from the last applied config (entry or module bytes)."""
+        return {n for n, seen in applied.items() if self._applied_policies.get(n) != seen}
+
+    def _policy_entries(self, config: Config) -> tuple[list, dict[str, tuple]]:
+        """The config's policies with their module bytes (reads files: off the loop), and
+        what identifies each entry (for "changed since the last reload")."""
         entries = []
         applied: dict[str, tuple] = {}
         base = self.config_path.parent if self.config_path else None
@@ -234,13 +253,7 @@ class Service:
                                   f"{exc.reason}") from None
             entries.append((pc.name, wasm, dict(pc.params), pc.weight, pc.shadow, str(path)))
             applied[pc.name] = (pc, hashlib.sha256(wasm).digest())
-        changed = {n for n, seen in applied.items() if self._applied.get(n) != seen}
-        try:
-            kept = self.manager.replace_all(entries, changed=changed)
-        except PolicyRejected as exc:
-            raise ConfigError(source, str(exc)) from None
-        self._applied = applied
-        return kept
+        return entries, applied
 
     def _folder(self, value: str) -> Path:
         folder = Path(value).expanduser()
@@ -259,19 +272,41 @@ class Service:
                 log.error("saved policy %r not loaded (left in %s): %s", name,
                           self.store.folder, exc)
 
+    async def reload_async(self) -> bool:
+        """:meth:`reload` with file reads, compiles and vetting off the event loop."""
+        if self.config_path is None:
+            return False
+        try:
+            new = await anyio.to_thread.run_sync(load, self.config_path)
+            entries, applied = await anyio.to_thread.run_sync(self._policy_entries, new)
+            kept = await self.manager.replace_all_async(entries,
+                                                        changed=self._changed(applied))
+            self._applied_policies = applied
+        except ConfigError as exc:
+            log.error("config reload refused, still serving the previous config: %s", exc)
+            return False
+        except PolicyRejected as exc:
+            log.error("config reload refused, still serving the previous config: %s",
+                      ConfigError(str(self.config_path), str(exc)))
+            return False
+        return self._apply_config(new, kept)
+
     def reload(self) -> bool:
         """Re-read the config file; apply it or keep the old one. True if applied."""
         if self.config_path is None:
             return False
         try:
             new = load(self.config_path)
-            if new.server != self.config.server or new.admin != self.config.admin:
-                log.warning("%s: [server]/[admin] changes need a restart; applying the rest",
-                            self.config_path)
             kept = self._load_policies(new)
         except ConfigError as exc:
             log.error("config reload refused, still serving the previous config: %s", exc)
             return False
+        return self._apply_config(new, kept)
+
+    def _apply_config(self, new: Config, kept: list[str]) -> bool:
+        if new.server != self.config.server or new.admin != self.config.admin:
+            log.warning("%s: [server]/[admin] changes need a restart; applying the rest",
+                        self.config_path)
         self.pool.set_endpoints(new.pool.endpoints)
         self.scheduler.admission = AdmissionFilter(new.admission.queue_threshold,
                                                    new.admission.kv_threshold)
@@ -426,13 +461,13 @@ class Service:
                                                 watch_filter=lambda _c, p: Path(p) == path,
                                                 stop_event=self._watchers_stop):
             log.info("config file changed: %s", path)
-            self.reload()
+            await self.reload_async()
 
     async def _watch_sighup(self) -> None:
         with anyio.open_signal_receiver(signal.SIGHUP) as signals:
             async for _ in signals:
                 log.info("SIGHUP: reloading %s", self.config_path)
-                self.reload()
+                await self.reload_async()
 
     async def _watch_policy_dir(self) -> None:
         import watchfiles
@@ -448,13 +483,17 @@ class Service:
             stop_event=self._watchers_stop,
         ):
             for _change, p in sorted(changes):
-                await self.hot_load(Path(p))
+                await self.hot_load(Path(p), inside=folder)
 
-    async def hot_load(self, path: Path) -> bool:
-        """Validate ``path`` and swap it in as policy ``path.stem``; False if refused."""
+    async def hot_load(self, path: Path, *, inside: Path | None = None) -> bool:
+        """Validate ``path`` and swap it in as policy ``path.stem``; False if refused.
+
+        The file is read on a worker thread; with ``inside`` (the watched folder) only a
+        regular file directly in it is read (see :func:`read_module`)."""
         name = path.stem
         try:
-            wasm = read_module(path)
+            wasm = await anyio.to_thread.run_sync(
+                functools.partial(read_module, path, inside=inside))
             current = self.scheduler.policies
             params = self.manager.active[name].params if name in self.manager.active else {}
             shadow = current.get(name).shadow if name in current else False

@@ -15,6 +15,7 @@ Serve them with :func:`start_metrics_server`.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 
@@ -40,6 +41,7 @@ __all__ = [
     "PICK_OUTCOMES",
     "POLICY_ERROR_KINDS",
     "SCRAPE_ERROR_REASONS",
+    "POLICY_STATS",
     "MetricsServer",
     "start_metrics_server",
     "forget_endpoint",
@@ -53,7 +55,8 @@ PICK_STAGES = ("total", "filter", "score", "pick", "hooks")
 #: Label values of ``epick_picks_total{outcome}``.
 PICK_OUTCOMES = ("ok", "shed", "unavailable", "invalid", "error")
 #: Label values of ``epick_policy_errors_total{kind}`` (= ``PluginError.kind``).
-POLICY_ERROR_KINDS = ("error", "trap", "timeout", "invalid-output", "circuit-open")
+POLICY_ERROR_KINDS = ("error", "trap", "timeout", "invalid-output", "circuit-open",
+                      "out-of-fuel", "recovering")
 #: Label values of ``epick_scrape_errors_total{reason}`` (= ``epick.pool.ScrapeError.kind``).
 SCRAPE_ERROR_REASONS = (
     "network",  # refused, reset, DNS, protocol: no usable HTTP answer
@@ -95,7 +98,8 @@ PICKS = Counter(
 )
 POLICY_ERRORS = Counter(
     "epick_policy_errors",
-    "Failed policy calls by kind (error|trap|timeout|invalid-output|circuit-open).",
+    "Failed policy calls by kind (error|trap|timeout|out-of-fuel|invalid-output|"
+    "circuit-open|recovering).",
     ["policy", "kind"],
     registry=REGISTRY,
 )
@@ -192,6 +196,52 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
+
+
+class _PolicyStats:
+    """Per-policy counters the runtime keeps itself (``WasmPolicy.stats`` and its
+    breakers), read at scrape time from :attr:`source`: ``() -> [(name, plugin)]``,
+    set by the service. Exposes ``epick_policy_recoveries_total``,
+    ``epick_policy_timeout_retries_total``, ``epick_policy_breaker_opens_total`` and
+    ``epick_policy_breaker_open{policy,stage}`` (1 while that stage's breaker is not
+    closed)."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[tuple[str, object]]] | None = None
+
+    def describe(self):  # no families until a service sets a source
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        recoveries = CounterMetricFamily(
+            "epick_policy_recoveries", "Policy instances re-created after a trap, timeout "
+            "or running out of fuel.", labels=["policy"])
+        retries = CounterMetricFamily(
+            "epick_policy_timeout_retries", "Policy calls re-run once after hitting the "
+            "wall-clock backstop.", labels=["policy"])
+        opens = CounterMetricFamily(
+            "epick_policy_breaker_opens", "Times any of a policy's circuit breakers opened.",
+            labels=["policy"])
+        open_now = GaugeMetricFamily(
+            "epick_policy_breaker_open", "1 while the breaker of a policy's stage is open or "
+            "half-open.", labels=["policy", "stage"])
+        source = self.source
+        for name, plugin in (source() if source is not None else ()):
+            stats = getattr(plugin, "stats", None)
+            if stats is None:
+                continue
+            recoveries.add_metric([name], stats.recoveries)
+            retries.add_metric([name], stats.timeout_retries)
+            opens.add_metric([name], getattr(plugin, "breaker_opens", 0))
+            for stage, state in getattr(plugin, "breaker_states", {}).items():
+                open_now.add_metric([name, stage], 0.0 if state == "closed" else 1.0)
+        return [recoveries, retries, opens, open_now]
+
+
+POLICY_STATS = _PolicyStats()
+REGISTRY.register(POLICY_STATS)
 
 
 def start_metrics_server(

@@ -13,7 +13,7 @@ import json
 import grpc
 
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc
-from epick.policy_manager import PolicyManager, PolicyRejected
+from epick.policy_manager import LoadsBusy, PolicyManager, PolicyRejected, check_name
 from epick.policy_store import PolicyStore, SavedPolicy, StoreError
 from epick.scheduler.policyset import UnknownPolicyError
 
@@ -95,12 +95,24 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             shadow_agreement=(active.shadow_agree / active.shadow_calls
                               if active.shadow_calls else 0.0),
             origin=_origin(self.manager, name, active.source),
+            recoveries=getattr(stats, "recoveries", 0),
+            timeout_retries=getattr(stats, "timeout_retries", 0),
+            breaker_opens=getattr(plugin, "breaker_opens", 0),
+            breakers=" ".join(f"{k}={v}" for k, v in
+                              getattr(plugin, "breaker_states", {}).items()),
+            smoke_fuel=max(active.smoke_fuel.values(), default=0),
+            recovering_skips=getattr(stats, "errors_by_kind", {}).get("recovering", 0),
         )
 
     async def LoadPolicy(self, request, context):
         await self._authorize(context)
         if not request.name:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "LoadPolicy.name is required")
+        try:
+            check_name(request.name)
+        except PolicyRejected as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"LoadPolicy.name: {exc.reason}")
         if not request.wasm:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "LoadPolicy.wasm is empty")
         try:
@@ -122,6 +134,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 request.name, request.wasm, params, weight=weight,
                 shadow=request.shadow, source="admin",
             )
+        except LoadsBusy as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except PolicyRejected as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         if self.store is not None:

@@ -2,9 +2,10 @@
 
 ::
 
-    rt = Runtime(Limits())                 # one Engine + one epoch ticker thread
+    rt = Runtime(Limits())                 # one Engine (fuel + epoch) + one ticker thread
     mod = rt.compile(wasm, name="lora")    # checked against policies/ABI.md
-    validate(mod, params)                  # smoke-run before it goes live
+    validate(mod, params)                  # smoke-run (judged on fuel) before it goes live
+    rt.keep(mod)                           # accepted: cache its compiled code
     plugin = WasmPolicy(mod, params)       # a scheduler plugin (epick.scheduler.framework)
     ...
     rt.close()
@@ -25,6 +26,7 @@ from epick.runtime.errors import (
     PolicyCallError,
     PolicyError,
     PolicyLoadError,
+    PolicyOutOfFuel,
     PolicyOutputError,
     PolicyTimeout,
     PolicyTrap,
@@ -48,5 +50,6 @@ __all__ = [
     "PolicyCallError",
     "PolicyTrap",
     "PolicyTimeout",
+    "PolicyOutOfFuel",
     "PolicyOutputError",
 ]

@@ -3,7 +3,8 @@
 wasmtime-py's ``Func.__call__`` costs 7-25 µs (it re-reads the function type and boxes
 every value); a call here costs about 1 µs. Each :class:`GuestFunc` pre-binds the
 store context, the function and a ``wasmtime_val_raw_t`` argument/result buffer, so a
-call writes its i32 arguments into that buffer, sets the epoch deadline and calls.
+call writes its i32 arguments into that buffer, refills the Store's fuel (the call's
+instruction budget), sets the epoch deadline (its wall-clock backstop) and calls.
 
 The call goes through a ``CFUNCTYPE`` pointer, so ctypes releases the GIL for its
 duration: that is what lets the epoch ticker thread run and interrupt a spinning guest
@@ -28,9 +29,9 @@ import numpy as np
 import wasmtime
 from wasmtime import _ffi as ffi
 
-from epick.runtime.errors import PolicyTimeout, PolicyTrap
+from epick.runtime.errors import PolicyOutOfFuel, PolicyTimeout, PolicyTrap
 
-__all__ = ["GuestFunc", "GuestMemory", "trap_reason"]
+__all__ = ["GuestFunc", "GuestMemory", "trap_reason", "fuel_left", "set_fuel"]
 
 _vp, _u64, _size = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t
 # CFUNCTYPE: the GIL is released during the call (required, see module docstring).
@@ -39,6 +40,10 @@ _call_unchecked = ctypes.CFUNCTYPE(_vp, _vp, _vp, _vp, _size, _vp)(
 )
 # These two never block: keep the GIL (cheaper than dropping and re-taking it).
 _set_deadline = ctypes.PYFUNCTYPE(None, _vp, _u64)(("wasmtime_context_set_epoch_deadline", ffi.dll))
+# Returns an error pointer, non-NULL only when the engine does not consume fuel (never
+# here: Runtime always turns fuel on), so the hot path ignores it.
+_set_fuel = ctypes.PYFUNCTYPE(_vp, _vp, _u64)(("wasmtime_context_set_fuel", ffi.dll))
+_get_fuel = ctypes.PYFUNCTYPE(_vp, _vp, ctypes.POINTER(_u64))(("wasmtime_context_get_fuel", ffi.dll))
 _memory_size = ctypes.PYFUNCTYPE(_size, _vp, _vp)(("wasmtime_memory_data_size", ffi.dll))
 _memory_data = ctypes.PYFUNCTYPE(_vp, _vp, _vp)(("wasmtime_memory_data", ffi.dll))
 
@@ -48,6 +53,19 @@ _I32_STRIDE = _VAL_SIZE // 4
 
 def context_address(store: wasmtime.Store) -> int:
     return ctypes.cast(store._context(), ctypes.c_void_p).value  # type: ignore[return-value]
+
+
+def set_fuel(store: wasmtime.Store, fuel: int) -> None:
+    """Give ``store`` exactly ``fuel`` units (0 is fine: its next call traps at once)."""
+    _set_fuel(context_address(store), fuel)
+
+
+def fuel_left(ctx: int) -> int | None:
+    """Fuel left in the Store at context address ``ctx``; ``None`` when fuel is off."""
+    left = _u64(0)
+    if _get_fuel(ctx, ctypes.byref(left)):
+        return None
+    return left.value
 
 
 def trap_reason(message: str) -> str:
@@ -64,13 +82,14 @@ def trap_reason(message: str) -> str:
 class GuestFunc:
     """One exported ``(i32...) -> i32`` function of one instance, called the fast way.
 
-    ``policy``/``export`` name it in errors; ``budget_ms``/``ticks`` is its epoch
-    deadline; ``on_trap`` may add context to a trap's message (e.g. "memory at its cap").
+    ``policy``/``export`` name it in errors; ``fuel`` is its instruction budget (``0``:
+    fuel is off in this engine); ``budget_ms``/``ticks`` is its epoch deadline;
+    ``on_trap`` may add context to a trap's message (e.g. "memory at its cap").
     Not thread-safe: the owning :class:`~epick.runtime.PolicyInstance` serialises calls.
     """
 
     __slots__ = (
-        "policy", "export", "budget_ms", "ticks", "on_trap",
+        "policy", "export", "budget_ms", "ticks", "fuel", "on_trap",
         "_func", "_ctx", "_fptr", "_args", "_aptr", "_nargs", "_v", "_trap", "_tptr",
     )
 
@@ -84,9 +103,11 @@ class GuestFunc:
         export: str,
         budget_ms: float,
         ticks: int,
+        fuel: int = 0,
         on_trap: Callable[[], str] | None = None,
     ) -> None:
         self.policy, self.export, self.budget_ms, self.ticks = policy, export, budget_ms, ticks
+        self.fuel = fuel
         self.on_trap = on_trap
         self._func = func  # keeps the wasmtime_func_t struct we point at alive
         self._ctx = context_address(store)
@@ -101,6 +122,8 @@ class GuestFunc:
         self._tptr = ctypes.addressof(self._trap)
 
     def call0(self) -> int:
+        if self.fuel:
+            _set_fuel(self._ctx, self.fuel)
         _set_deadline(self._ctx, self.ticks)
         err = _call_unchecked(self._ctx, self._fptr, self._aptr, self._nargs, self._tptr)
         if err or self._trap.value:
@@ -110,6 +133,8 @@ class GuestFunc:
     def call1(self, a: int) -> int:
         v = self._v
         v[0] = a
+        if self.fuel:
+            _set_fuel(self._ctx, self.fuel)
         _set_deadline(self._ctx, self.ticks)
         err = _call_unchecked(self._ctx, self._fptr, self._aptr, self._nargs, self._tptr)
         if err or self._trap.value:
@@ -120,6 +145,8 @@ class GuestFunc:
         v = self._v
         v[0] = a
         v[_I32_STRIDE] = b
+        if self.fuel:
+            _set_fuel(self._ctx, self.fuel)
         _set_deadline(self._ctx, self.ticks)
         err = _call_unchecked(self._ctx, self._fptr, self._aptr, self._nargs, self._tptr)
         if err or self._trap.value:
@@ -131,11 +158,20 @@ class GuestFunc:
         v[0] = a
         v[_I32_STRIDE] = b
         v[2 * _I32_STRIDE] = c
+        if self.fuel:
+            _set_fuel(self._ctx, self.fuel)
         _set_deadline(self._ctx, self.ticks)
         err = _call_unchecked(self._ctx, self._fptr, self._aptr, self._nargs, self._tptr)
         if err or self._trap.value:
             self._raise(err)
         return v[0]
+
+    def fuel_used(self) -> int | None:
+        """Fuel the last call of this function used (``None`` when fuel is off)."""
+        if not self.fuel:
+            return None
+        left = fuel_left(self._ctx)
+        return None if left is None else self.fuel - left
 
     def _raise(self, err: int | None) -> None:
         """Turn the trap or error the last call left behind into a PolicyError (and free it)."""
@@ -145,6 +181,8 @@ class GuestFunc:
             code = trap.trap_code
             if code is wasmtime.TrapCode.INTERRUPT:
                 raise PolicyTimeout(self.policy, self.export, self.budget_ms)
+            if code is wasmtime.TrapCode.OUT_OF_FUEL:
+                raise PolicyOutOfFuel(self.policy, self.export, self.fuel)
             text = trap_reason(trap.message)
             code_name = code.name if code is not None else None
         else:

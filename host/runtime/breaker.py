@@ -1,35 +1,59 @@
-"""A consecutive-failure circuit breaker with a half-open trial, on an injectable clock."""
+"""A circuit breaker that opens on consecutive failures or on an error rate, with a
+half-open trial, on an injectable clock."""
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
 __all__ = ["CircuitBreaker"]
 
 
 class CircuitBreaker:
-    """``closed`` -> (``failures`` consecutive failures) -> ``open`` for ``cooldown_s`` ->
-    ``half-open``: one trial call; its success closes the breaker, its failure re-opens
-    it for another ``cooldown_s``.
+    """``closed`` -> ``open`` for ``cooldown_s`` -> ``half-open``: one trial call; its
+    success closes the breaker, its failure re-opens it for another ``cooldown_s``.
 
-    Single-threaded by design (it guards one Store). ``clock`` returns seconds
-    (monotonic); tests pass a fake one.
+    It opens after ``failures`` consecutive failures, or once at least ``error_rate`` of
+    the last ``window`` outcomes were failures (a policy failing every 2nd call never
+    fails twice in a row). ``opens`` counts how often it opened.
+
+    Successes are cheap to record (:meth:`success` is an increment while closed), since
+    every policy call records one. Single-threaded by design (it guards one Store).
+    ``clock`` returns seconds (monotonic); tests pass a fake one.
     """
 
     CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 
     def __init__(
-        self, failures: int, cooldown_s: float, clock: Callable[[], float] = time.monotonic
+        self,
+        failures: int,
+        cooldown_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        error_rate: float = 1.0,
+        window: int = 1,
     ) -> None:
         if failures < 1:
             raise ValueError(f"CircuitBreaker failures must be >= 1, got {failures!r}")
+        if not 0 < error_rate <= 1 or window < 1:
+            raise ValueError(
+                f"CircuitBreaker needs 0 < error_rate <= 1 and window >= 1, "
+                f"got {error_rate!r} and {window!r}"
+            )
         self.failures = failures
         self.cooldown_s = cooldown_s
         self.clock = clock
+        self.window = window
+        self._rate_failures = max(1, int(error_rate * window + 0.5 - 1e-9))
         self.state = self.CLOSED
         self.consecutive = 0
         self.opened_at = 0.0
+        self.opens = 0
+        self.reason = ""
+        """Why it last opened (for the ``circuit-open`` message)."""
+        self._outcomes = 0  # outcomes recorded since the breaker last closed
+        self._failed_at: deque[int] = deque()  # outcome numbers of recent failures
 
     def allow(self) -> bool:
         """May a call go ahead now? Moves ``open`` to ``half-open`` once cooled down."""
@@ -44,14 +68,37 @@ class CircuitBreaker:
         return False
 
     def success(self) -> None:
-        self.consecutive = 0
-        self.state = self.CLOSED
+        self._outcomes += 1
+        if self.consecutive or self.state != self.CLOSED:
+            self.consecutive = 0
+            if self.state != self.CLOSED:
+                self._reset()
+            self.state = self.CLOSED
 
     def failure(self) -> None:
+        self._outcomes += 1
         self.consecutive += 1
-        if self.state == self.HALF_OPEN or self.consecutive >= self.failures:
-            self.state = self.OPEN
-            self.opened_at = self.clock()
+        failed = self._failed_at
+        failed.append(self._outcomes)
+        while failed[0] <= self._outcomes - self.window:
+            failed.popleft()
+        if self.state == self.HALF_OPEN:
+            self._open("the half-open trial failed")
+        elif self.consecutive >= self.failures:
+            self._open(f"{self.consecutive} consecutive failures")
+        elif self._outcomes >= self.window and len(failed) >= self._rate_failures:
+            self._open(f"{len(failed)} of the last {self.window} calls failed")
+
+    def _open(self, reason: str) -> None:
+        if self.state == self.CLOSED:
+            self.opens += 1
+        self.state = self.OPEN
+        self.opened_at = self.clock()
+        self.reason = reason
+
+    def _reset(self) -> None:
+        self._outcomes = 0
+        self._failed_at.clear()
 
     @property
     def retry_in_s(self) -> float:

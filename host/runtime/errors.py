@@ -10,13 +10,16 @@
     │                           guest's own error text)
     ├── PolicyTrap              the guest trapped (unreachable, out-of-bounds, stack
     │                           overflow, memory cap reached…); .trap_code
-    ├── PolicyTimeout           the call ran past its epoch deadline; .budget_ms
+    ├── PolicyTimeout           the call ran past its epoch deadline (the wall-clock
+    │                           backstop); .budget_ms
+    ├── PolicyOutOfFuel         the call used up its instruction budget; .fuel
     └── PolicyOutputError       the guest's output is unusable: wrong count, NaN/inf,
                                 a keep byte that is not 0/1, undecodable describe
 
 Every message starts with ``policy '<name>':`` and names the export. After a
-:class:`PolicyTrap` or :class:`PolicyTimeout` the guest's state is whatever it was when
-it stopped: callers should re-instantiate (``WasmPolicy`` does).
+:class:`PolicyTrap`, :class:`PolicyTimeout` or :class:`PolicyOutOfFuel` the guest's
+state is whatever it was when it stopped: callers should re-instantiate (``WasmPolicy``
+does).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ __all__ = [
     "PolicyCallError",
     "PolicyTrap",
     "PolicyTimeout",
+    "PolicyOutOfFuel",
     "PolicyOutputError",
 ]
 
@@ -78,6 +82,19 @@ class PolicyTimeout(PolicyError):
     def __init__(self, policy: str, export: str, budget_ms: float) -> None:
         super().__init__(policy, export, f"{export} exceeded its {budget_ms:g} ms budget")
         self.budget_ms = budget_ms
+
+
+class PolicyOutOfFuel(PolicyError):
+    """The call executed its whole instruction budget (``fuel``) without returning.
+
+    Deterministic: the same input runs out again, so it is never retried.
+    """
+
+    def __init__(self, policy: str, export: str, fuel: int) -> None:
+        super().__init__(
+            policy, export, f"{export} ran out of fuel (its budget is {fuel:,} instructions)"
+        )
+        self.fuel = fuel
 
 
 class PolicyOutputError(PolicyError):

@@ -39,6 +39,7 @@ from epick.runtime.errors import (
     PolicyOutputError,
 )
 from epick.runtime.exports import SIGNATURES
+from epick.runtime.limits import VETTING_BACKSTOP_FACTOR
 
 if TYPE_CHECKING:
     from epick.runtime.module import PolicyModule
@@ -70,9 +71,13 @@ class PolicyInstance:
     """A policy module instantiated in its own Store, ``init``-ed with ``params``.
 
     Made by :meth:`PolicyModule.instantiate`. Raises :class:`PolicyLoadError` when the
-    module cannot be instantiated (e.g. its minimum memory exceeds the cap), its first
-    ``alloc`` calls fail, or ``init`` fails: non-zero (``.message`` is the guest's text),
-    trap or timeout.
+    module cannot be instantiated (its minimum memory or table exceeds the cap, its start
+    function traps, loops or runs out of fuel), its first ``alloc`` calls fail, or
+    ``init`` fails: non-zero (``.message`` is the guest's text), trap or timeout.
+
+    Every Store is capped by :meth:`Runtime.new_store`: one memory of at most
+    ``Limits.memory_bytes``, at most ``Limits.tables`` tables of ``Limits.table_elements``
+    each, one instance; every call by fuel and the epoch backstop.
     """
 
     def __init__(self, module: PolicyModule, params: dict[str, Any] | None = None) -> None:
@@ -82,28 +87,36 @@ class PolicyInstance:
         self.name = module.name
         self.exports: frozenset[str] = module.exports
         self._ticker = rt.ticker
-        self._cap = rt.limits.memory_bytes
+        lim = rt.limits
+        self._cap = lim.memory_bytes
         self._lock = threading.Lock()
 
-        store = wasmtime.Store(rt.engine)
-        store.set_limits(memory_size=self._cap)
-        store.set_epoch_deadline(rt.ticks_for(rt.limits.control_budget_ms))  # start function
+        vet_ms = lim.budget_ms * VETTING_BACKSTOP_FACTOR
+        start_ms = max(lim.control_budget_ms, vet_ms) if module.vetting else lim.control_budget_ms
+        store = rt.new_store(backstop_ms=start_ms)
         try:
             instance = wasmtime.Instance(store, module._module, [])
         except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise PolicyLoadError(self.name, None, f"cannot instantiate: {first}") from exc
+            from epick.runtime.runtime import instantiate_error
+
+            raise instantiate_error(self.name, exc, has_start=module.has_start,
+                                    fuel=lim.control_fuel, backstop_ms=start_ms) from exc
         self._store = store
         exported = instance.exports(store)
         self._memory = GuestMemory(store, exported["memory"])  # type: ignore[arg-type]
         funcs: dict[str, GuestFunc] = {}
         for export, (params_sig, _) in SIGNATURES.items():
             if export in self.exports:
-                budget = rt.limits.budget_ms if export in _HOT else rt.limits.control_budget_ms
+                hot = export in _HOT
+                budget = lim.budget_ms if hot else lim.control_budget_ms
+                if module.vetting:
+                    budget = max(budget, vet_ms)
                 funcs[export] = GuestFunc(
                     store, exported[export], len(params_sig),  # type: ignore[arg-type]
                     policy=self.name, export=export, budget_ms=budget,
-                    ticks=rt.ticks_for(budget), on_trap=self._trap_context,
+                    ticks=rt.ticks_for(budget),
+                    fuel=rt.fuel_for(lim.fuel if hot else lim.control_fuel),
+                    on_trap=self._trap_context,
                 )
         self._funcs = funcs
         self._score = funcs.get("score")
@@ -133,6 +146,13 @@ class PolicyInstance:
     def has(self, export: str) -> bool:
         """Whether the module exports ``export``."""
         return export in self.exports
+
+    def fuel_used(self, export: str) -> int | None:
+        """Fuel the last call of ``export`` used (``None``: fuel off or not exported).
+
+        Valid right after that call, before any other call into this instance."""
+        func = self._funcs.get(export)
+        return None if func is None else func.fuel_used()
 
     # -- the request path ---------------------------------------------------------------
 

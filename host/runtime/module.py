@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,18 @@ class PolicyModule:
     """Size of the wasm bytes."""
     runtime: Runtime = field(repr=False)
     _module: wasmtime.Module = field(repr=False)
+    has_start: bool = False
+    """The module has a start function (it runs at every instantiation)."""
+    vetting: bool = False
+    """Instances are judged on fuel alone: every call's wall-clock backstop is
+    ``VETTING_BACKSTOP_FACTOR`` budgets (see :meth:`for_vetting`)."""
+    _cached: bool = field(default=False, repr=False)
 
     def instantiate(self, params: dict[str, Any] | None = None) -> PolicyInstance:
         """A new Store and instance, ``init``-ed with ``params`` (``{}`` when ``None``)."""
         return PolicyInstance(self, params)
+
+    def for_vetting(self) -> PolicyModule:
+        """This module, with instances whose verdicts depend on fuel, not the clock: the
+        smoke run and the conformance gate use it, so a busy machine cannot fail them."""
+        return dataclasses.replace(self, vetting=True)

@@ -7,13 +7,16 @@ Checks, on a fresh instance ``init``-ed with the given params:
   with LoRA adapters, for a base-model and an adapter request, over all candidates and
   over a shuffled subset, with the snapshot inline and (if ``set_snapshot`` is
   exported) resident: the right number of results, scores finite and in [0, 1] (here
-  out-of-range is an error, not clamped), and every call within the budget (the epoch
-  deadline, i.e. ``Limits.budget_ms``; a timeout re-runs the whole check once);
+  out-of-range is an error, not clamped), and every call within its fuel with
+  :data:`FUEL_HEADROOM` to spare (the largest case is 64 endpoints; production pools and
+  prompts can be bigger). Judged on fuel only: the wall-clock backstop is
+  ``VETTING_BACKSTOP_FACTOR`` budgets here, so a busy machine cannot fail a module;
 - ``score`` is deterministic: the same input twice gives the same scores;
 - ``pre_request`` and ``post_response`` (if exported) run once each;
 - ``export_state`` -> ``import_state`` (if exported) round-trips into a fresh instance.
 
 Any failure raises :class:`PolicyLoadError` naming the module, the call and the case.
+On success, :func:`validate` returns the most fuel each request-path export used.
 """
 
 from __future__ import annotations
@@ -23,11 +26,15 @@ from typing import Any
 import numpy as np
 
 from epick import abi
-from epick.runtime.errors import PolicyError, PolicyLoadError, PolicyTimeout
+from epick.runtime.errors import PolicyError, PolicyLoadError
 from epick.runtime.instance import PolicyInstance
 from epick.runtime.module import PolicyModule
 
-__all__ = ["validate", "synthetic_snapshot"]
+__all__ = ["validate", "synthetic_snapshot", "FUEL_HEADROOM"]
+
+#: A request-path export may use at most 1/FUEL_HEADROOM of ``Limits.fuel`` on the smoke
+#: run, so a bigger pool or prompt in production does not run it out of fuel.
+FUEL_HEADROOM = 4
 
 _SIZES = (0, 1, 8, 64)
 _ADAPTERS = ("sql-lora", "chat-lora", "code-lora", "math-lora")
@@ -73,22 +80,51 @@ def _fail(mod: PolicyModule, where: str, exc: PolicyError | None, detail: str = 
     )
 
 
-def validate(mod: PolicyModule, params: dict[str, Any] | None = None) -> None:
+def validate(mod: PolicyModule, params: dict[str, Any] | None = None) -> dict[str, int]:
     """Smoke-run ``mod`` with ``params``; raise :class:`PolicyLoadError` on any problem.
 
-    The budget is wall-clock time and a preempted thread can overrun it, so after a
-    timeout the whole run is repeated once on a fresh instance; a second timeout fails.
+    Returns ``{export: most fuel one call used}`` for the request-path exports (empty
+    when the runtime does not consume fuel).
     """
-    for attempt in (1, 2):
-        inst = mod.instantiate(params)  # PolicyLoadError already names init's complaint
-        try:
-            _run(mod, inst, params)
-            return
-        except PolicyLoadError as exc:
-            if attempt == 2 or not isinstance(exc.__cause__, PolicyTimeout):
-                raise
-        finally:
-            inst.close()
+    mod = mod.for_vetting()
+    inst = mod.instantiate(params)  # PolicyLoadError already names init's complaint
+    fuel: dict[str, int] = {}
+    try:
+        _run(mod, _Metered(inst, fuel), params)
+    finally:
+        inst.close()
+    budget = mod.runtime.limits.fuel
+    for export, used in fuel.items():
+        if used * FUEL_HEADROOM > budget:
+            raise PolicyLoadError(
+                mod.name, export,
+                f"validation failed: {export} used {used:,} instructions on the smoke run; "
+                f"the per-call fuel is {budget:,} and a policy must leave {FUEL_HEADROOM}x "
+                f"headroom (at most {budget // FUEL_HEADROOM:,})",
+            )
+    return fuel
+
+
+class _Metered:
+    """An instance whose request-path calls record the most fuel each export used."""
+
+    def __init__(self, inst: PolicyInstance, fuel: dict[str, int]) -> None:
+        self._inst = inst
+        self._fuel = fuel
+
+    def __getattr__(self, attr: str) -> Any:
+        target = getattr(self._inst, attr)
+        if attr not in ("score", "filter", "set_snapshot", "pre_request", "post_response"):
+            return target
+
+        def metered(*args: Any) -> Any:
+            result = target(*args)
+            used = self._inst.fuel_used(attr)
+            if used is not None and used > self._fuel.get(attr, 0):
+                self._fuel[attr] = used
+            return result
+
+        return metered
 
 
 def _run(mod: PolicyModule, inst: PolicyInstance, params: dict[str, Any] | None) -> None:

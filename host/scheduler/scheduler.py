@@ -28,6 +28,7 @@ import numpy as np
 
 from epick import abi
 from epick.abi import Criticality
+from epick.ratelog import RateLimitedLog
 from epick.scheduler.assignments import Assignments
 from epick.scheduler.filters import AdmissionFilter, AwakeFilter, FreshFilter, ServesModelFilter
 from epick.scheduler.framework import Cycle, PluginError, PoolSnapshot
@@ -177,6 +178,8 @@ class Scheduler:
         self.pool_status: Callable[[], Sequence] | None = None
         """The pool's per-endpoint scrape status (``Pool.status``): lets an explanation
         show endpoints that are not in the snapshot, and why (only ``explain`` reads it)."""
+        # A failing policy fails on every pick: one line per (policy, stage, kind) per 10 s.
+        self._rlog = RateLimitedLog(log)
 
     # -- the cycle -----------------------------------------------------------------
 
@@ -346,7 +349,7 @@ class Scheduler:
     def _policy_failed(self, exc: PluginError, skipped: list[str]) -> None:
         skipped.append(f"{exc.plugin}: {exc.kind}: {exc.reason}")
         self.recorder.policy_error(exc)
-        log.warning("%s", exc)
+        self._rlog.warning((exc.plugin, exc.stage, exc.kind), "%s", exc)
 
     def _run_shadows(self, policies, cycle, candidates, live_pos) -> dict[str, np.ndarray]:
         out = {}
@@ -466,7 +469,7 @@ class Scheduler:
                 entry.plugin.post_response(event)
             except PluginError as exc:
                 self.recorder.policy_error(exc)
-                log.warning("%s", exc)
+                self._rlog.warning((exc.plugin, exc.stage, exc.kind), "%s", exc)
         self.recorder.completion(int(status), prompt_tokens, completion_tokens, ttft_s)
         return True
 

@@ -254,3 +254,43 @@ def test_a_wasm_dropped_into_the_policy_dir_is_hot_swapped_and_a_broken_one_refu
         assert "hot swap refused, the running policy stays: policy 'load' rejected" in caplog.text
         assert names(svc) == ["load"]
         assert svc.picker.Pick(pb.PickRequest(model="m", seed=1)).endpoint == a.address
+
+
+@pytest.mark.parametrize("name", ["a\nb", "x" * 10_000, "\x1b[31mred", "../../etc/passwd",
+                                  ".hidden", "a b"],
+                         ids=["newline", "10k", "ansi", "traversal", "dot-first", "space"])
+def test_load_policy_names_must_match_the_config_pattern(fake_vllm, serve, name):
+    svc = serve([fake_vllm(vllm_page()).address], policies=("load",))
+    code, details = code_of(lambda: svc.admin.LoadPolicy(
+        apb.LoadPolicyRequest(name=name, wasm=LOAD), metadata=AUTH))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith("LoadPolicy.name: name ")
+    assert "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$" in details
+    assert "\n" not in details and "\x1b" not in details and len(details) < 400
+    assert names(svc) == ["load"]
+
+
+def test_concurrent_loads_beyond_the_queue_are_refused_with_a_clear_status(fake_vllm, serve):
+    svc = serve([fake_vllm(vllm_page()).address], policies=("load",))
+    outcomes: list[object] = []
+
+    def load(k: int) -> None:
+        try:
+            svc.admin.LoadPolicy(apb.LoadPolicyRequest(name=f"p{k}", wasm=LORA),
+                                 metadata=AUTH, timeout=120)
+            outcomes.append("ok")
+        except grpc.RpcError as exc:
+            outcomes.append((exc.code(), exc.details()))
+
+    threads = [threading.Thread(target=load, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        assert svc.picker.Pick(pb.PickRequest(model="m"), timeout=10).endpoint
+        time.sleep(0.01)
+    refused = [o for o in outcomes if o != "ok"]
+    assert outcomes.count("ok") >= 1 and refused
+    for code, details in refused:
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "loads are already being vetted or waiting (at most 5); try again" in details
+    assert len(names(svc)) == 1 + outcomes.count("ok")

@@ -24,7 +24,8 @@ def test_a_minimal_config_gets_the_documented_defaults():
     assert c.server.metrics_listen == "127.0.0.1:9090"
     assert c.pool.scrape_interval_ms == 50 and c.pool.stale_after_ms == 2000
     assert c.admission.queue_threshold == 5 and c.admin.listen == "127.0.0.1:9003"
-    assert c.runtime.budget_ms == 1.0 and c.runtime.memory_mb == 64
+    assert c.runtime.budget_ms == 50.0 and c.runtime.memory_mb == 64
+    assert c.runtime.fuel == 10_000_000
 
 
 @pytest.mark.parametrize(

@@ -150,10 +150,13 @@ def test_a_module_needing_more_memory_than_the_cap_cannot_instantiate():
             rt.compile(wasmtime.wat2wasm(source), name="big")
 
 
-def test_compiled_artifacts_are_cached_on_disk_and_reused(tmp_path):
+def test_compiled_artifacts_are_cached_on_disk_and_reused_once_kept(tmp_path):
     data = wasm("counter")
     with Runtime(cache_dir=tmp_path) as rt:
         first = rt.compile(data, name="counter")
+        assert list(tmp_path.glob("*.cwasm")) == [] and rt.cached_modules == frozenset()
+        rt.keep(first)
+        assert rt.cached_modules == {first.sha256}
     artifacts = list(tmp_path.glob("*.cwasm"))
     assert [p.name.split("-")[0] for p in artifacts] == [first.sha256]
     with Runtime(cache_dir=tmp_path) as rt:
@@ -165,11 +168,13 @@ def test_compiled_artifacts_are_cached_on_disk_and_reused(tmp_path):
 def test_a_corrupt_cached_artifact_is_recompiled(tmp_path):
     data = wasm("counter")
     with Runtime(cache_dir=tmp_path) as rt:
-        rt.compile(data, name="counter")
+        rt.keep(rt.compile(data, name="counter"))
     (artifact,) = tmp_path.glob("*.cwasm")
     artifact.write_bytes(b"garbage")
     with Runtime(cache_dir=tmp_path) as rt:
-        assert rt.compile(data, name="counter").instantiate().export_state() == b"\0" * 8
+        mod = rt.compile(data, name="counter")
+        assert mod.instantiate().export_state() == b"\0" * 8
+        rt.keep(mod)
     assert artifact.read_bytes() != b"garbage"
 
 

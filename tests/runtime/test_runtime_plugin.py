@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import struct
+import threading
 import time
 
 import numpy as np
 import pytest
-from wat_modules import snapshot, wasm
+import wasmtime
+from wat_modules import snapshot, wasm, wat_source
 
 from epick import abi
 from epick.runtime import Limits, PolicyError, Runtime, WasmPolicy
@@ -148,14 +150,26 @@ def test_a_trap_is_reported_and_the_instance_re_created(policy):
 
 
 def test_a_timeout_is_retried_once_then_reported(fake_clock):
-    with Runtime(Limits()) as rt:
+    # Without fuel only the wall-clock backstop stops the spinning guest.
+    with Runtime(Limits(), fuel=False) as rt:
         plugin = WasmPolicy(rt.compile(wasm("spin"), name="spin"), clock=fake_clock)
         with pytest.raises(PluginError) as err:
             plugin.score(cycle(1), (0,))
-    assert (err.value.kind, err.value.reason) == ("timeout", "score exceeded its 1 ms budget")
+    assert (err.value.kind, err.value.reason) == ("timeout", "score exceeded its 50 ms budget")
     assert plugin.stats.timeout_retries == 1
     assert plugin.stats.recoveries == 2  # after the first timeout, and after the retry's
     assert plugin.stats.errors_by_kind == {"timeout": 1}
+
+
+def test_running_out_of_fuel_is_reported_at_once_never_retried(fake_clock):
+    # a generous backstop: the spin must end on fuel even on a busy machine
+    with Runtime(Limits(budget_ms=5000.0)) as rt:
+        plugin = WasmPolicy(rt.compile(wasm("spin"), name="spin"), clock=fake_clock)
+        with pytest.raises(PluginError) as err:
+            plugin.score(cycle(1), (0,))
+    assert (err.value.kind, err.value.reason) == (
+        "out-of-fuel", "score ran out of fuel (its budget is 10,000,000 instructions)")
+    assert (plugin.stats.timeout_retries, plugin.stats.recoveries) == (0, 1)
 
 
 def test_after_a_trap_the_last_good_state_is_restored(policy, fake_clock):
@@ -273,14 +287,41 @@ def test_a_half_open_trial_that_never_reports_allows_another_after_a_cooldown(fa
     assert breaker.allow()  # its outcome never came back
 
 
-def test_hooks_go_through_the_breaker_too(policy):
+def test_each_stage_has_its_own_breaker(policy):
+    """A pre_request that traps every time opens its breaker although every score in
+    between succeeds; score and post_response go on."""
     plugin = policy("counter")
+    c = cycle(1)
     for _ in range(5):
         with pytest.raises(PluginError):
             plugin.pre_request(cycle(1, prompt=LONG), "a")
+        plugin.score(c, (0,))
     with pytest.raises(PluginError) as err:
-        plugin.post_response(abi.PostResponseEvent(request_id="r"))
-    assert (err.value.stage, err.value.kind) == ("post_response", "circuit-open")
+        plugin.pre_request(c, "a")  # would succeed, but is not even tried
+    assert (err.value.stage, err.value.kind) == ("pre_request", "circuit-open")
+    assert err.value.reason == "5 consecutive failures; next trial in 10.0 s"
+    plugin.post_response(abi.PostResponseEvent(request_id="r"))
+    assert plugin.score(c, (0,)).tolist() == [0.0]
+    assert plugin.breaker_states == {"score": "closed", "pre_request": "open",
+                                     "post_response": "closed", "checkpoint": "closed"}
+    assert (plugin.breaker_state, plugin.breaker_opens) == ("open", 1)
+
+
+def test_a_policy_failing_every_other_call_opens_its_breaker_by_error_rate(policy):
+    plugin = policy("flaky")  # fails on odd candidate counts; window 20, rate 0.5
+    outcomes = []
+    for k in range(40):
+        try:
+            plugin.score(cycle(3), (0, 1, 2) if k % 2 else (0, 1))
+            outcomes.append("ok")
+        except PluginError as exc:
+            outcomes.append(exc.kind)
+    # never 2 failures in a row, yet the 10th failure in 20 calls opens the breaker
+    assert outcomes[:20] == ["ok", "error"] * 10
+    assert set(outcomes[20:]) == {"circuit-open"}
+    with pytest.raises(PluginError) as err:
+        plugin.score(cycle(2), (0, 1))
+    assert err.value.reason == "10 of the last 20 calls failed; next trial in 10.0 s"
 
 
 def test_stats_count_calls_and_latency(policy):
@@ -382,3 +423,149 @@ def test_slow_checkpoints_are_spaced_out_to_a_small_share_of_the_time(load, fake
     plugin._inst.export_state = slow_export
     plugin._maybe_checkpoint()
     assert plugin._checkpoint_gap_s >= 0.01 / CHECKPOINT_SHARE  # >= 5 s for a 10 ms export
+
+
+@pytest.fixture
+def background(runtime, fake_clock):
+    """``background(name)``: a WasmPolicy that re-creates its instance off the call path."""
+
+    def make(name: str, source: str | None = None) -> WasmPolicy:
+        data = wasmtime.wat2wasm(source) if source else wasm(name)
+        return WasmPolicy(runtime.compile(data, name=name), {}, clock=fake_clock,
+                          background_recovery=True, checkpoint_interval_s=0.0)
+
+    return make
+
+
+def test_with_background_recovery_calls_skip_the_policy_until_its_instance_is_rebuilt(
+        runtime, background):
+    gate = threading.Event()
+    runtime.submit(gate.wait, 30)  # hold the rebuild thread: no spare, the rebuild queues
+    plugin = background("counter")
+    c = cycle(2)
+    plugin.pre_request(c, "a")
+    plugin.checkpoint()  # last good state: count 1
+    try:
+        with pytest.raises(PluginError) as err:
+            plugin.pre_request(cycle(2, prompt=LONG), "a")
+        assert err.value.kind == "trap"
+        for _ in range(3):  # never blocks, never re-creates inline
+            with pytest.raises(PluginError) as err:
+                plugin.score(c, (0, 1))
+            assert (err.value.kind, err.value.reason) == ("recovering",
+                                                          "instance is being re-created")
+        assert plugin.recovering and plugin.stats.recoveries == 0
+    finally:
+        gate.set()
+    assert plugin.wait_recovered(timeout=30)
+    assert plugin.score(c, (0, 1)).tolist() == [0.001, 0.001]  # the good state came back
+    assert plugin.stats.recoveries == 1
+    # skipped calls are not the guest's failures: the score breaker stayed closed
+    assert plugin.breaker_states["score"] == "closed"
+    assert plugin.stats.errors_by_kind == {"trap": 1, "recovering": 3}
+
+
+def test_a_rebuild_that_fails_is_tried_again_after_a_cooldown(runtime, fake_clock, background):
+    gate = threading.Event()
+    runtime.submit(gate.wait, 30)  # no spare yet when it first traps
+    plugin = background("unreachable")
+    good = plugin.params
+    plugin.params = {1: "not a str key"}  # init refuses: the rebuild cannot succeed
+    with pytest.raises(PluginError, match="trap"):
+        plugin.score(cycle(1), (0,))
+    gate.set()
+    assert not plugin.wait_recovered(timeout=30)
+    with pytest.raises(PluginError) as err:
+        plugin.score(cycle(1), (0,))
+    assert err.value.kind == "recovering"
+    assert err.value.reason.startswith("instance could not be re-created (params must be")
+    assert err.value.reason.endswith("next try in 10.0 s")
+    plugin.params = good
+    fake_clock.advance(10.0)
+    with pytest.raises(PluginError, match="recovering"):
+        plugin.score(cycle(1), (0,))  # starts the next rebuild
+    assert plugin.wait_recovered(timeout=30)
+    assert plugin.stats.recoveries == 1
+
+
+def test_a_closed_policy_closes_an_instance_that_was_still_being_rebuilt(runtime, background):
+    gate = threading.Event()
+    runtime.submit(gate.wait, 30)
+    plugin = background("unreachable")
+    with pytest.raises(PluginError, match="trap"):
+        plugin.score(cycle(1), (0,))
+    pending = plugin._rebuild
+    plugin.close()
+    gate.set()
+    # cancelled before it ran, or closed by the done-callback once built
+    assert pending.cancelled() or pending.result()[0]._store is None
+
+
+def test_failing_checkpoints_back_off_and_have_their_own_breaker(runtime, fake_clock):
+    source = wat_source("counter").replace(
+        '(func (export "export_state") (result i32)',
+        '(func (export "export_state") (result i32) unreachable', 1)
+    mod = runtime.compile(wasmtime.wat2wasm(source), name="bad-export")
+    plugin = WasmPolicy(mod, {}, clock=fake_clock, checkpoint_interval_s=1.0,
+                        checkpoint_on_hooks=False)
+    c = cycle(1)
+    attempts = []
+    for second in range(40):
+        plugin.pre_request(c, "a")  # marks the state dirty, never fails
+        before = plugin.stats.checkpoint_failures
+        plugin.checkpoint()
+        if plugin.stats.checkpoint_failures > before:
+            attempts.append(second)
+        fake_clock.advance(1.0)
+    # 1 s apart at first, then doubling; the 5th failure opens the checkpoint breaker
+    # (10 s cooldown), which holds the next one off past the gap of 32 s
+    assert attempts == [0, 2, 6, 14, 30]
+    assert plugin.breaker_states["checkpoint"] == "open"
+    assert plugin.breaker_states["pre_request"] == "closed"
+
+
+def test_a_warm_spare_goes_live_at_once_with_the_last_good_state(background):
+    plugin = background("counter")
+    c = cycle(2)
+    plugin.pre_request(c, "a")
+    plugin.checkpoint()  # last good state: count 1 (8 bytes: imported into the spare)
+    assert plugin._spare.result(timeout=30)  # the spare is built in the background
+    with pytest.raises(PluginError, match="trap"):
+        plugin.pre_request(cycle(2, prompt=LONG), "a")
+    assert not plugin.recovering  # no call skipped
+    assert plugin.score(c, (0, 1)).tolist() == [0.001, 0.001]
+    assert plugin.stats.recoveries == 1 and "recovering" not in plugin.stats.errors_by_kind
+
+
+def _live_or_why(plugin: WasmPolicy) -> str:
+    try:
+        plugin.describe()  # a control call: never traps here, says why when recovering
+        return "live"
+    except PolicyError as exc:
+        return exc.detail
+
+
+def test_an_instance_that_keeps_dying_is_rebuilt_after_a_doubling_gap(fake_clock, background):
+    plugin = background("unreachable")
+    plugin._spare.result(timeout=30)
+    seen = []
+    for _ in range(4):  # 4 traps: under the breaker's 5
+        with pytest.raises(PluginError, match="trap"):
+            plugin.score(cycle(1), (0,))
+        seen.append(_live_or_why(plugin))
+        fake_clock.advance(0.2)  # past any gap so far
+        if seen[-1] != "live":
+            _live_or_why(plugin)  # the gap is over: this starts the rebuild
+            assert plugin.wait_recovered(timeout=30)
+    assert seen == [
+        "live",  # the warm spare
+        "instance keeps failing; re-created again in 0.05 s",
+        "instance keeps failing; re-created again in 0.10 s",
+        "instance keeps failing; re-created again in 0.20 s",
+    ]
+    assert plugin.stats.recoveries == 4
+    fake_clock.advance(10.0)  # a quiet cooldown: the next death is rebuilt at once
+    with pytest.raises(PluginError, match="trap"):
+        plugin.score(cycle(1), (0,))
+    assert plugin.wait_recovered(timeout=30)  # no gap to wait out on the (fake) clock
+    assert plugin.stats.recoveries == 5

@@ -13,6 +13,7 @@ from epick.runtime import (
     Limits,
     PolicyCallError,
     PolicyLoadError,
+    PolicyOutOfFuel,
     PolicyTimeout,
     PolicyTrap,
     Runtime,
@@ -21,25 +22,72 @@ from epick.runtime import (
 
 @pytest.fixture
 def tight() -> Runtime:
-    """The default 1 ms budget."""
+    """The default limits (5 M instructions, 50 ms backstop)."""
     with Runtime(Limits()) as rt:
         yield rt
 
 
-def test_a_guest_that_never_returns_times_out(tight):
+def test_a_guest_that_never_returns_runs_out_of_fuel(tight):
     inst = tight.compile(wasm("spin"), name="spin").instantiate()
+    started = time.monotonic()
+    with pytest.raises(PolicyOutOfFuel) as err:
+        inst.score(score_input(1), 1)
+    # A liveness bound, not a latency goal: a stuck thread never returns.
+    assert time.monotonic() - started < 5.0
+    assert str(err.value) == (
+        "policy 'spin': score ran out of fuel (its budget is 10,000,000 instructions)"
+    )
+    assert (err.value.export, err.value.fuel) == ("score", 10_000_000)
+
+
+def test_running_out_of_fuel_does_not_depend_on_a_busy_thread():
+    """Fuel is an instruction count: the verdict is the same however often the thread
+    is preempted (here: 20 calls while another thread competes for the core)."""
+    with Runtime(Limits(budget_ms=2000.0)) as rt:
+        inst = rt.compile(wasm("spin"), name="spin").instantiate()
+        stop = threading.Event()
+        burner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
+        burner.start()
+        try:
+            kinds = set()
+            for _ in range(20):
+                with pytest.raises((PolicyOutOfFuel, PolicyTimeout)) as err:
+                    inst.score(score_input(1), 1)
+                kinds.add(type(err.value))
+        finally:
+            stop.set()
+            burner.join()
+    assert kinds == {PolicyOutOfFuel}
+
+
+def test_bulk_memory_operations_cost_fuel_per_byte(tight):
+    # memory.fill of 4 MiB per round: wasmtime charges its length in fuel.
+    inst = tight.compile(wasm("bulk_spin"), name="filler").instantiate()
+    with pytest.raises(PolicyOutOfFuel):
+        inst.score(score_input(1), 1)
+
+
+@pytest.fixture
+def unfuelled() -> Runtime:
+    """Default limits on an engine without fuel: only the wall-clock backstop is left."""
+    with Runtime(Limits(), fuel=False) as rt:
+        yield rt
+
+
+def test_what_fuel_does_not_stop_the_wall_clock_backstop_does(unfuelled):
+    inst = unfuelled.compile(wasm("spin"), name="spin").instantiate()
     started = time.monotonic()
     with pytest.raises(PolicyTimeout) as err:
         inst.score(score_input(1), 1)
-    # A liveness bound, not a latency goal: the budget is 1 ms; a stuck thread never returns.
     assert time.monotonic() - started < 5.0
-    assert str(err.value) == "policy 'spin': score exceeded its 1 ms budget"
-    assert (err.value.export, err.value.budget_ms) == ("score", 1.0)
+    assert str(err.value) == "policy 'spin': score exceeded its 50 ms budget"
+    assert (err.value.export, err.value.budget_ms) == ("score", 50.0)
 
 
-def test_a_spinning_guest_does_not_stop_other_python_threads(tight):
-    """The call releases the GIL: another thread keeps running while the guest spins."""
-    inst = tight.compile(wasm("spin"), name="spin").instantiate()
+def test_a_spinning_guest_does_not_stop_other_python_threads(unfuelled):
+    """The call releases the GIL: another thread keeps running while the guest spins
+    (and the epoch ticker thread can interrupt it)."""
+    inst = unfuelled.compile(wasm("spin"), name="spin").instantiate()
     ticks = []
     stop = threading.Event()
 
@@ -60,10 +108,10 @@ def test_a_spinning_guest_does_not_stop_other_python_threads(tight):
     assert ticks
 
 
-def test_the_instance_still_answers_after_a_timeout(tight):
+def test_the_instance_still_answers_after_running_out_of_fuel(tight):
     mod = tight.compile(wasm("spin"), name="spin")
     inst = mod.instantiate()
-    with pytest.raises(PolicyTimeout):
+    with pytest.raises(PolicyOutOfFuel):
         inst.score(score_input(1), 1)
     # The Store stays usable (WasmPolicy re-creates anyway, since guest state is suspect).
     assert inst.describe().name == "spin"
@@ -102,7 +150,7 @@ def test_an_allocation_past_the_cap_is_an_out_of_memory_error():
 
 
 def test_a_second_thread_cannot_enter_an_instance_mid_call():
-    with Runtime(Limits(budget_ms=1000.0)) as rt:
+    with Runtime(Limits(budget_ms=1000.0, fuel=10_000_000_000)) as rt:
         inst = rt.compile(wasm("spin"), name="spin").instantiate()
         inside = threading.Event()
         outcome: list[BaseException] = []
@@ -154,6 +202,10 @@ def test_an_init_that_never_returns_is_a_load_error(tight):
     mod = tight.compile(wasmtime.wat2wasm(source), name="stuck")
     with pytest.raises(PolicyLoadError) as err:
         mod.instantiate()
-    # init is a control-plane call: 100 budgets
-    assert str(err.value) == "policy 'stuck': init exceeded its 100 ms budget"
+    # init is a control-plane call: 100 budgets of fuel (500 M) and of backstop (5 s);
+    # which comes first depends on the machine's speed.
+    assert str(err.value) in (
+        "policy 'stuck': init ran out of fuel (its budget is 1,000,000,000 instructions)",
+        "policy 'stuck': init exceeded its 5000 ms budget",
+    )
     assert err.value.export == "init"

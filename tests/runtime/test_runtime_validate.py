@@ -61,7 +61,9 @@ def test_a_module_over_budget_fails_validation():
     with Runtime(Limits()) as rt:
         with pytest.raises(PolicyLoadError) as err:
             validate(rt.compile(wasm("spin"), name="spin"))
-    assert str(err.value).endswith("score exceeded its 1 ms budget")
+    assert str(err.value).endswith(
+        "score ran out of fuel (its budget is 10,000,000 instructions)"
+    )
 
 
 def test_init_refusing_the_params_fails_validation(load):

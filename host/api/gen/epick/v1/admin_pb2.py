@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x65pick/v1/admin.proto\x12\x08\x65pick.v1\"t\n\x11LoadPolicyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04wasm\x18\x02 \x01(\x0c\x12\x13\n\x0bparams_json\x18\x03 \x01(\t\x12\x13\n\x06weight\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06shadow\x18\x05 \x01(\x08\x42\t\n\x07_weight\"#\n\x13RemovePolicyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x16\n\x14RemovePolicyResponse\"0\n\x10SetWeightRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"\x15\n\x13ListPoliciesRequest\"\xe3\x01\n\nPolicyInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\x0e\n\x06shadow\x18\x05 \x01(\x08\x12\r\n\x05\x63\x61lls\x18\x06 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x07 \x01(\x04\x12\x0e\n\x06p50_us\x18\x08 \x01(\x01\x12\x0e\n\x06p99_us\x18\t \x01(\x01\x12\x0c\n\x04kind\x18\n \x01(\t\x12\x0f\n\x07\x62reaker\x18\x0b \x01(\t\x12\x18\n\x10shadow_agreement\x18\x0c \x01(\x01\x12\x0e\n\x06origin\x18\r \x01(\t\">\n\x14ListPoliciesResponse\x12&\n\x08policies\x18\x01 \x03(\x0b\x32\x14.epick.v1.PolicyInfo2\xa5\x02\n\x05\x41\x64min\x12?\n\nLoadPolicy\x12\x1b.epick.v1.LoadPolicyRequest\x1a\x14.epick.v1.PolicyInfo\x12M\n\x0cRemovePolicy\x12\x1d.epick.v1.RemovePolicyRequest\x1a\x1e.epick.v1.RemovePolicyResponse\x12=\n\tSetWeight\x12\x1a.epick.v1.SetWeightRequest\x1a\x14.epick.v1.PolicyInfo\x12M\n\x0cListPolicies\x12\x1d.epick.v1.ListPoliciesRequest\x1a\x1e.epick.v1.ListPoliciesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x65pick/v1/admin.proto\x12\x08\x65pick.v1\"t\n\x11LoadPolicyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04wasm\x18\x02 \x01(\x0c\x12\x13\n\x0bparams_json\x18\x03 \x01(\t\x12\x13\n\x06weight\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06shadow\x18\x05 \x01(\x08\x42\t\n\x07_weight\"#\n\x13RemovePolicyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x16\n\x14RemovePolicyResponse\"0\n\x10SetWeightRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"\x15\n\x13ListPoliciesRequest\"\xe7\x02\n\nPolicyInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\x0e\n\x06shadow\x18\x05 \x01(\x08\x12\r\n\x05\x63\x61lls\x18\x06 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x07 \x01(\x04\x12\x0e\n\x06p50_us\x18\x08 \x01(\x01\x12\x0e\n\x06p99_us\x18\t \x01(\x01\x12\x0c\n\x04kind\x18\n \x01(\t\x12\x0f\n\x07\x62reaker\x18\x0b \x01(\t\x12\x18\n\x10shadow_agreement\x18\x0c \x01(\x01\x12\x0e\n\x06origin\x18\r \x01(\t\x12\x12\n\nrecoveries\x18\x0e \x01(\x04\x12\x17\n\x0ftimeout_retries\x18\x0f \x01(\x04\x12\x15\n\rbreaker_opens\x18\x10 \x01(\x04\x12\x10\n\x08\x62reakers\x18\x11 \x01(\t\x12\x12\n\nsmoke_fuel\x18\x12 \x01(\x04\x12\x18\n\x10recovering_skips\x18\x13 \x01(\x04\">\n\x14ListPoliciesResponse\x12&\n\x08policies\x18\x01 \x03(\x0b\x32\x14.epick.v1.PolicyInfo2\xa5\x02\n\x05\x41\x64min\x12?\n\nLoadPolicy\x12\x1b.epick.v1.LoadPolicyRequest\x1a\x14.epick.v1.PolicyInfo\x12M\n\x0cRemovePolicy\x12\x1d.epick.v1.RemovePolicyRequest\x1a\x1e.epick.v1.RemovePolicyResponse\x12=\n\tSetWeight\x12\x1a.epick.v1.SetWeightRequest\x1a\x14.epick.v1.PolicyInfo\x12M\n\x0cListPolicies\x12\x1d.epick.v1.ListPoliciesRequest\x1a\x1e.epick.v1.ListPoliciesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,9 +42,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTPOLICIESREQUEST']._serialized_start=263
   _globals['_LISTPOLICIESREQUEST']._serialized_end=284
   _globals['_POLICYINFO']._serialized_start=287
-  _globals['_POLICYINFO']._serialized_end=514
-  _globals['_LISTPOLICIESRESPONSE']._serialized_start=516
-  _globals['_LISTPOLICIESRESPONSE']._serialized_end=578
-  _globals['_ADMIN']._serialized_start=581
-  _globals['_ADMIN']._serialized_end=874
+  _globals['_POLICYINFO']._serialized_end=646
+  _globals['_LISTPOLICIESRESPONSE']._serialized_start=648
+  _globals['_LISTPOLICIESRESPONSE']._serialized_end=710
+  _globals['_ADMIN']._serialized_start=713
+  _globals['_ADMIN']._serialized_end=1006
 # @@protoc_insertion_point(module_scope)

@@ -43,7 +43,7 @@ class ListPoliciesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PolicyInfo(_message.Message):
-    __slots__ = ("name", "version", "sha256", "weight", "shadow", "calls", "errors", "p50_us", "p99_us", "kind", "breaker", "shadow_agreement", "origin")
+    __slots__ = ("name", "version", "sha256", "weight", "shadow", "calls", "errors", "p50_us", "p99_us", "kind", "breaker", "shadow_agreement", "origin", "recoveries", "timeout_retries", "breaker_opens", "breakers", "smoke_fuel", "recovering_skips")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,12 @@ class PolicyInfo(_message.Message):
     BREAKER_FIELD_NUMBER: _ClassVar[int]
     SHADOW_AGREEMENT_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    RECOVERIES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    BREAKER_OPENS_FIELD_NUMBER: _ClassVar[int]
+    BREAKERS_FIELD_NUMBER: _ClassVar[int]
+    SMOKE_FUEL_FIELD_NUMBER: _ClassVar[int]
+    RECOVERING_SKIPS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     sha256: str
@@ -70,7 +76,13 @@ class PolicyInfo(_message.Message):
     breaker: str
     shadow_agreement: float
     origin: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., sha256: _Optional[str] = ..., weight: _Optional[float] = ..., shadow: _Optional[bool] = ..., calls: _Optional[int] = ..., errors: _Optional[int] = ..., p50_us: _Optional[float] = ..., p99_us: _Optional[float] = ..., kind: _Optional[str] = ..., breaker: _Optional[str] = ..., shadow_agreement: _Optional[float] = ..., origin: _Optional[str] = ...) -> None: ...
+    recoveries: int
+    timeout_retries: int
+    breaker_opens: int
+    breakers: str
+    smoke_fuel: int
+    recovering_skips: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., sha256: _Optional[str] = ..., weight: _Optional[float] = ..., shadow: _Optional[bool] = ..., calls: _Optional[int] = ..., errors: _Optional[int] = ..., p50_us: _Optional[float] = ..., p99_us: _Optional[float] = ..., kind: _Optional[str] = ..., breaker: _Optional[str] = ..., shadow_agreement: _Optional[float] = ..., origin: _Optional[str] = ..., recoveries: _Optional[int] = ..., timeout_retries: _Optional[int] = ..., breaker_opens: _Optional[int] = ..., breakers: _Optional[str] = ..., smoke_fuel: _Optional[int] = ..., recovering_skips: _Optional[int] = ...) -> None: ...
 
 class ListPoliciesResponse(_message.Message):
     __slots__ = ("policies",)

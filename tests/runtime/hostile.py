@@ -1,0 +1,42 @@
+"""The hostile modules of the service-level sandbox tests and bench/sandbox_under_fire.py:
+each passes the smoke run, then misbehaves in service (see wat/hostile.wat).
+
+``HOSTILE[name]`` -> wasm bytes; ``hostile_wasm(**parts)`` builds a custom one.
+Requests with a model starting with ``H`` (:data:`MODEL`) trigger the score cases.
+"""
+
+from __future__ import annotations
+
+from wat_modules import wasm
+
+__all__ = ["HOSTILE", "MODEL", "hostile_wasm"]
+
+MODEL = "Hostile-model"
+
+_NOTHING = "(nop)"
+_SPIN = "(loop $forever (br $forever))"
+_EVERY_OTHER = ("(if (i32.and (global.get $calls) (i32.const 1))"
+                " (then (return (call $fail (i32.const 16) (i32.const 16)))))")
+_EVERY_THIRD_TRAPS = ("(if (i32.eqz (i32.rem_u (global.get $calls) (i32.const 3)))"
+                      " (then unreachable))")
+_GROW = ("(drop (table.grow $t (ref.null func) (i32.const 25000000)))"
+         " (loop $more (br_if $more (i32.ne (memory.grow (i32.const 16)) (i32.const -1))))"
+         " (i32.store8 (i32.mul (memory.size) (i32.const 65536)) (i32.const 1))")
+
+
+def hostile_wasm(*, score_bad: str = _NOTHING, pre_bad: str = _NOTHING,
+                 init_loops: int = 0) -> bytes:
+    return bytes(wasm("hostile", score_bad=score_bad, pre_bad=pre_bad, init_loops=init_loops))
+
+
+#: name -> (what it does, wasm)
+HOSTILE: dict[str, tuple[str, bytes]] = {
+    "benign": ("behaves (the baseline)", hostile_wasm()),
+    "spin": ("score never returns", hostile_wasm(score_bad=_SPIN)),
+    "trapping-hook": ("pre_request traps on every pick", hostile_wasm(pre_bad="unreachable")),
+    "every-other": ("score fails every 2nd call", hostile_wasm(score_bad=_EVERY_OTHER)),
+    "slow-start-trap": ("a ~30 ms init, and score traps every 3rd call",
+                        hostile_wasm(score_bad=_EVERY_THIRD_TRAPS, init_loops=15_000_000)),
+    "hog": ("score grows its table and memory to the caps, then traps",
+            hostile_wasm(score_bad=_GROW)),
+}
