@@ -37,6 +37,7 @@ __all__ = [
     "PICK_OUTCOMES",
     "POLICY_ERROR_KINDS",
     "SCRAPE_ERROR_REASONS",
+    "Children",
     "MetricsServer",
     "start_metrics_server",
     "forget_endpoint",
@@ -137,6 +138,28 @@ SHADOW_SCORE_DELTA = Histogram(
     buckets=_DELTA_BUCKETS,
     registry=REGISTRY,
 )
+
+
+class Children:
+    """The children of one labelled metric, each looked up once and then kept.
+
+    ``metric.labels(...)`` costs ~0.7 µs (a lock and a dict of label tuples); the hot
+    path calls ``children(value, ...)`` instead, a plain dict hit after the first time.
+    Only for label values bounded by the configuration (policies, outcomes, kinds):
+    children are never dropped.
+    """
+
+    __slots__ = ("_metric", "_children")
+
+    def __init__(self, metric) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], object] = {}
+
+    def __call__(self, *values: str):
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 def forget_endpoint(address: str) -> None:
