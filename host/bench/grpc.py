@@ -282,7 +282,7 @@ class Ratio:
     ok: bool
 
 
-def ratios(setups: list[Setup], sizes) -> list[Ratio]:
+def ratios(setups: list[Setup], sizes, threads: int = 8) -> list[Ratio]:
     by = {(s.endpoints, s.scrape_ms < NO_SCRAPE_MS): s.phases for s in setups}
     out = []
     for n in sizes:
@@ -294,7 +294,7 @@ def ratios(setups: list[Setup], sizes) -> list[Ratio]:
     for n in sizes:
         p = by[(n, True)]
         r = p["par_pick"].rate / p["par_noop"].rate
-        out.append(Ratio(f"unary Pick ÷ no-op calls/s, 8 threads, {n} endpoints", r,
+        out.append(Ratio(f"unary Pick ÷ no-op calls/s, {threads} threads, {n} endpoints", r,
                          ">= 0.85", r >= 0.85))
     for n in sizes:
         p = by[(n, True)]
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     rt = Table(title="the serving path's ratios (one run, side by side)")
     for c in ("ratio", "measured", "goal", ""):
         rt.add_column(c, justify="right")
-    rs = ratios(setups, sizes)
+    rs = ratios(setups, sizes, args.threads)
     for r in rs:
         rt.add_row(r.what, f"{r.value:.2f}", r.goal, "ok" if r.ok else "MISSED")
     console.print(rt)
