@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -225,10 +227,39 @@ def stream_phase(target: str, streams: int, window: int, seconds: float,
     return asyncio.run(_stream_phase(target, streams, window, seconds, reqs))
 
 
+#: py-spy's sampling rate for ``--py-spy`` (Hz).
+SPY_RATE = 250
+
+
+@dataclass
+class Profile:
+    """One py-spy recording of one setup's phase: GIL-holding stacks of the server."""
+
+    setup: str
+    phase: str
+    path: Path
+    seconds: int
+    calls_per_s: float = 0.0
+
+
+def _spy(pid: int, seconds: int, out: Path) -> subprocess.Popen:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    return subprocess.Popen(
+        [exe, "record", "--gil", "--nonblocking", "-r", str(SPY_RATE), "-f", "raw",
+         "-d", str(seconds), "-p", str(pid), "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 32,
             seconds: float = 4.0, rounds: int = 4, scrape_ms: int = 50,
-            settle_s: float = 0.5) -> list[Setup]:
-    """Run every setup and phase; ``seconds`` is per phase and setup over all rounds."""
+            settle_s: float = 0.5, py_spy: Path | None = None,
+            profiles: list[Profile] | None = None) -> list[Setup]:
+    """Run every setup and phase; ``seconds`` is per phase and setup over all rounds.
+
+    With ``py_spy`` (a folder), the first round also records each setup's seq and stream
+    phases with py-spy (GIL-holding samples only) and appends a :class:`Profile` per
+    recording to ``profiles``.
+    """
     setups = [Setup(f"{n} endpoints", n, scrape_ms) for n in sizes]
     setups.append(Setup(f"{max(sizes)} endpoints, no scraping", max(sizes), NO_SCRAPE_MS))
     reqs = requests(4096)
@@ -247,22 +278,34 @@ def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 
             per = seconds / rounds
             kinds = (("seq", "noop", 1), ("seq", "pick", 1), ("par", "noop", threads),
                      ("par", "pick", threads), ("stream", "pick", streams))
-            for _ in range(rounds):
+            for round_ in range(rounds):
                 for s in setups:
                     s.resume()
                     c0, t0 = s.cpu(), time.perf_counter()
                     time.sleep(settle_s)  # fresh again after the pause; idle CPU rate
                     idle_rate = (s.cpu() - c0) / (time.perf_counter() - t0)
                     for mode, kind, n in kinds:
-                        ph = s.phases.setdefault(f"{mode}_{kind}", Phase())
+                        key = f"{mode}_{kind}"
+                        ph = s.phases.setdefault(key, Phase())
+                        spy = prof = None
+                        if py_spy is not None and round_ == 0 and mode != "par":
+                            prof = Profile(s.name, key, py_spy / f"{s.endpoints}-"
+                                           f"{'scrape' if s.scrape_ms < NO_SCRAPE_MS else 'idle'}"
+                                           f"-{key}.txt", max(1, math.floor(per)))
+                            spy = _spy(s.proc.pid, prof.seconds, prof.path)
                         c0, t0 = s.cpu(), time.perf_counter()
                         if mode == "stream":
-                            ph.calls += stream_phase(s.target, n, window, per, reqs)
+                            calls = stream_phase(s.target, n, window, per, reqs)
                         else:
                             lat = unary_phase(s.target, kind, n, per, reqs)
                             ph.latencies_us += lat
-                            ph.calls += len(lat)
+                            calls = len(lat)
+                        ph.calls += calls
                         dt = time.perf_counter() - t0
+                        if spy is not None:
+                            spy.wait(timeout=60)
+                            prof.calls_per_s = calls / dt
+                            profiles.append(prof)
                         ph.seconds += dt
                         ph.server_cpu_s += max(0.0, s.cpu() - c0 - idle_rate * dt)
                     s.pause()
@@ -311,6 +354,23 @@ def ratios(setups: list[Setup], sizes, threads: int = 8) -> list[Ratio]:
     return out
 
 
+def _print_profiles(console, profiles: list[Profile]) -> None:
+    from epick.bench.profile import summarize
+
+    console.print("server GIL time per call by part (py-spy --gil, first round's phases):")
+    for p in profiles:
+        if not p.path.exists():
+            console.print(f"  py-spy wrote nothing for {p.setup} {p.phase} ({p.path})")
+            continue
+        total, shares = summarize(p.path)
+        # samples / rate = GIL seconds over the recording; per call at the phase's rate.
+        per_call_us = total / SPY_RATE / (p.seconds * p.calls_per_s) * 1e6
+        console.print(f"  {p.path.stem}: {p.calls_per_s:,.0f} calls/s, {total} samples, "
+                      f"{per_call_us:.0f} µs of GIL time per call")
+        for part, share in shares:
+            console.print(f"    {share * per_call_us:6.0f} µs {share:6.1%}  {part}")
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -326,13 +386,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4, help="alternations of setups and phases")
     ap.add_argument("--scrape-interval-ms", type=int, default=50)
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--py-spy", type=Path, metavar="DIR",
+                    help="profile the server in the first round's seq and stream phases "
+                         "(py-spy on PATH or beside python) into DIR, and print where its "
+                         "GIL time goes per call")
     args = ap.parse_args(argv)
+    profiles: list[Profile] = []
+    if args.py_spy is not None:
+        args.py_spy.mkdir(parents=True, exist_ok=True)
     sizes = tuple(int(n) for n in args.sizes.split(","))
     t_start = time.time()
     load_before = os.getloadavg()
     setups = measure(sizes=sizes, threads=args.threads, streams=args.streams,
                      window=args.window, seconds=args.seconds, rounds=args.rounds,
-                     scrape_ms=args.scrape_interval_ms)
+                     scrape_ms=args.scrape_interval_ms, py_spy=args.py_spy, profiles=profiles)
     load_after = os.getloadavg()
 
     console = Console(width=150)
@@ -357,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rs:
         rt.add_row(r.what, f"{r.value:.2f}", r.goal, "ok" if r.ok else "MISSED")
     console.print(rt)
+    if profiles:
+        _print_profiles(console, profiles)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "command": "epick bench pick --grpc " + " ".join(argv or []),

@@ -27,3 +27,22 @@ def test_the_pages_change_on_every_answer_as_a_busy_replicas_do():
 
     assert page(3, 1, "a,b") != page(3, 2, "a,b")
     assert b'running_lora_adapters="a,b"' in page(3, 1, "a,b")
+
+
+def test_profile_parts_take_the_first_matching_frame_in_their_order(tmp_path):
+    from epick.bench.profile import OTHER, summarize
+
+    raw = tmp_path / "spy.txt"
+    loop = "run (asyncio/base_events.py:1);Handle._run (asyncio/events.py:80)"
+    raw.write_text("\n".join([
+        f"{loop};PickerService.Pick (host/api/picker.py:1);Scheduler.schedule (s.py:1);"
+        "TelemetryRecorder.stages (host/service.py:1) 3",
+        f"{loop};PickerService.Pick (host/api/picker.py:1);Scheduler.schedule (s.py:1);"
+        "WasmPolicy.score (p.py:1) 5",
+        f"{loop};Pool._loop (pool.py:1);Pool._scrape (pool.py:2);parse_metrics (parse.py:1) 2",
+        f"{loop} 10",
+    ]) + "\n")
+    total, shares = summarize(raw)
+    assert total == 20
+    assert dict(shares) == {OTHER: 0.5, "pick: policies score (WASM)": 0.25,
+                            "pick: telemetry": 0.15, "scrape: parse (parse_metrics)": 0.1}
