@@ -89,11 +89,16 @@ class Setup:
     scrape_ms: int
     proc: subprocess.Popen | None = None
     target: str = ""
+    metrics_url: str = ""
     phases: dict[str, Phase] = field(default_factory=dict)
+    host_us: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Host time per pick by stage and policy, (median, mean) µs, from the server's own
+    histograms."""
 
     def config(self, pages_port: int) -> str:
         stale = NO_SCRAPE_MS if self.scrape_ms >= NO_SCRAPE_MS else 2000
-        lines = ["version = 1", "[server]", 'listen = "127.0.0.1:0"', 'metrics_listen = ""',
+        lines = ["version = 1", "[server]", 'listen = "127.0.0.1:0"',
+                 'metrics_listen = "127.0.0.1:0"',
                  "[admin]", 'listen = ""', "[pool]", f"scrape_interval_ms = {self.scrape_ms}",
                  f"stale_after_ms = {stale}"]
         for i in range(self.endpoints):
@@ -119,6 +124,50 @@ class Setup:
             raise RuntimeError(f"epick serve ({self.name}) did not start: {line!r}\n"
                                f"{log.read_text()[-2000:]}")
         self.target = line.rsplit(" ", 1)[1].strip()
+        line = self.proc.stdout.readline()
+        if "metrics on" not in line:
+            self.stop()
+            raise RuntimeError(f"epick serve ({self.name}) printed no metrics URL: {line!r}")
+        self.metrics_url = line.split()[-1]
+
+    def read_host_times(self) -> None:
+        """Fill :attr:`host_us` from the server's /metrics, over every pick since start:
+        ``key`` → (median as Prometheus' histogram_quantile interpolates it, mean)."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(self.metrics_url, timeout=30).read().decode()
+        sums: dict[str, float] = {}
+        buckets: dict[str, list[tuple[float, float]]] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name not in ("epick_pick_latency_seconds",
+                                   "epick_policy_score_latency_seconds"):
+                continue
+            for sample in family.samples:
+                key = sample.labels.get("stage") or f"policy {sample.labels.get('policy')}"
+                if sample.name.endswith("_sum"):
+                    sums[key] = sample.value
+                elif sample.name.endswith("_bucket"):
+                    buckets.setdefault(key, []).append((float(sample.labels["le"]),
+                                                        sample.value))
+        self.host_us = {}
+        for key, bs in buckets.items():
+            bs.sort()
+            count = bs[-1][1]
+            if not count:
+                continue
+            lo_bound, lo_count, median = 0.0, 0.0, float("nan")
+            for bound, cum in bs:
+                if cum >= count / 2:
+                    if math.isinf(bound):
+                        median = lo_bound
+                    else:
+                        median = lo_bound + (bound - lo_bound) * (
+                            (count / 2 - lo_count) / max(cum - lo_count, 1))
+                    break
+                lo_bound, lo_count = bound, cum
+            self.host_us[key] = (median * 1e6, sums[key] / count * 1e6)
 
     def pause(self) -> None:
         self.proc.send_signal(signal.SIGSTOP)
@@ -309,6 +358,10 @@ def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 
                         ph.seconds += dt
                         ph.server_cpu_s += max(0.0, s.cpu() - c0 - idle_rate * dt)
                     s.pause()
+            for s in setups:
+                s.resume()
+                s.read_host_times()
+                s.pause()
     finally:
         for s in setups:
             s.stop()
@@ -417,6 +470,17 @@ def main(argv: list[str] | None = None) -> int:
                       "" if mode == "stream" else f"{ph.p50:.0f}",
                       "" if mode == "stream" else f"{ph.p99:.0f}", f"{ph.cpu_us:.0f}")
     console.print(t)
+    ht = Table(title="host time per pick inside the server, p50 / mean µs over every pick of "
+                     "the run (its epick_pick_latency_seconds and "
+                     "epick_policy_score_latency_seconds; p50 interpolated in the buckets)")
+    ht.add_column("stage")
+    for s in setups:
+        ht.add_column(s.name, justify="right")
+    for key in sorted({k for s in setups for k in s.host_us},
+                      key=lambda k: (k.startswith("policy"), k != "total", k)):
+        ht.add_row(key, *("{:.0f} / {:.0f}".format(*s.host_us[key]) if key in s.host_us
+                          else "" for s in setups))
+    console.print(ht)
     rt = Table(title="the serving path's ratios (one run, side by side)")
     for c in ("ratio", "measured", "goal", ""):
         rt.add_column(c, justify="right")
@@ -432,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
             "started": t_start, "cpu_count": os.cpu_count(),
             "loadavg_before": load_before, "loadavg_after": load_after,
             "setups": [{"name": s.name, "endpoints": s.endpoints, "scrape_ms": s.scrape_ms,
+                        "host_us": s.host_us,
                         "phases": {k: {"calls_per_s": p.rate, "calls": p.calls,
                                        "p50_us": p.p50 if p.latencies_us else None,
                                        "p99_us": p.p99 if p.latencies_us else None,

@@ -11,6 +11,8 @@ def test_a_tiny_run_measures_every_setup_phase_and_ratio():
         assert set(s.phases) == {"seq_noop", "seq_pick", "par_noop", "par_pick", "stream_pick"}
         assert all(ph.calls > 0 and ph.rate > 0 for ph in s.phases.values()), s.name
         assert 0 < s.phases["seq_pick"].p50 <= s.phases["seq_pick"].p99
+        median, mean = s.host_us["total"]
+        assert 0 < median and 0 < mean and {"filter", "score", "pick", "hooks"} <= set(s.host_us)
     whats = [r.what for r in bench.ratios(setups, (2,), threads=2)]
     assert whats == [
         "Pick ÷ no-op p50, 1 client, 2 endpoints",
