@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
 
+import anyio
 import grpc
 
 from epick import abi
@@ -31,6 +31,9 @@ MAX_PROMPT_BYTES = 4 << 20
 MAX_NAME = 256
 MAX_HEADERS = 128
 MAX_HEADER_BYTES = 16 << 10
+#: Answers a PickStream may hold that the transport has not taken yet; beyond it, epick
+#: stops reading that stream. Enough to overlap reading with writing.
+STREAM_WINDOW = 16
 
 # PickRequest.Criticality -> abi.Criticality (UNSPECIFIED means STANDARD).
 _CRITICALITY = {
@@ -232,31 +235,44 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
             await context.abort(*error)
         return response
 
-    async def PickStream(
-        self, request_iterator, context
-    ) -> AsyncIterator[picker_pb2.PickStreamResponse]:
+    async def PickStream(self, request_iterator, context) -> None:
         """One response per request message, in order, each with the request's id.
 
         A bad message is answered with a :class:`StreamError` and the stream goes on.
-        Backpressure: grpc.aio awaits each yielded response's write before this
-        generator resumes and reads the next message, so at most one message is in the
-        works per stream and HTTP/2 flow control reaches back to the client.
+        Two tasks: one reads and answers, one writes, so reading message k + 1 overlaps
+        writing answer k. Between them at most :data:`STREAM_WINDOW` answers wait; when
+        the client stops reading, writes stall (HTTP/2 flow control), that buffer fills,
+        and epick stops reading the stream: backpressure all the way to the client.
         """
-        Response, Error = picker_pb2.PickStreamResponse, picker_pb2.StreamError
-        async for msg in request_iterator:
-            kind = msg.WhichOneof("kind")
-            if kind == "pick":
-                response, error = self.answer_pick(msg.pick)
-                if error is None:
-                    yield Response(id=msg.id, pick=response)
-                    continue
-            elif kind == "completion":
-                response, error = self.answer_completion(msg.completion)
-                if error is None:
-                    yield Response(id=msg.id, completion=response)
-                    continue
-            else:
-                error = (grpc.StatusCode.INVALID_ARGUMENT,
-                         f"PickStreamRequest {msg.id} has neither pick nor completion")
-            code, details = error
-            yield Response(id=msg.id, error=Error(code=code.value[0], message=details))
+        send, receive = anyio.create_memory_object_stream[picker_pb2.PickStreamResponse](
+            STREAM_WINDOW)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._answer_stream, request_iterator, send)
+            async with receive:
+                async for response in receive:
+                    await context.write(response)
+
+    async def _answer_stream(self, request_iterator, send) -> None:
+        async with send:
+            async for msg in request_iterator:
+                await send.send(self.answer_stream_message(msg))
+
+    def answer_stream_message(
+        self, msg: picker_pb2.PickStreamRequest
+    ) -> picker_pb2.PickStreamResponse:
+        """The one response to one PickStream message; never raises."""
+        kind = msg.WhichOneof("kind")
+        if kind == "pick":
+            response, error = self.answer_pick(msg.pick)
+            if error is None:
+                return picker_pb2.PickStreamResponse(id=msg.id, pick=response)
+        elif kind == "completion":
+            response, error = self.answer_completion(msg.completion)
+            if error is None:
+                return picker_pb2.PickStreamResponse(id=msg.id, completion=response)
+        else:
+            error = (grpc.StatusCode.INVALID_ARGUMENT,
+                     f"PickStreamRequest {msg.id} has neither pick nor completion")
+        code, details = error
+        return picker_pb2.PickStreamResponse(
+            id=msg.id, error=picker_pb2.StreamError(code=code.value[0], message=details))

@@ -78,9 +78,9 @@ class EndpointPickerServicer:
         the client's choosing; exactly one response message with that id answers it.
         Responses come in request order today, but match them by id. A bad message gets a
         per-message error (the same status codes and texts as the unary calls) and the
-        stream goes on. Flow control is HTTP/2's: epick reads the next message only after
-        the previous answer is handed to the transport, so a client that stops reading
-        stops being read.
+        stream goes on. Flow control is HTTP/2's: epick holds at most a few answers the
+        transport has not taken (16), then stops reading the stream, so a client that
+        stops reading stops being read.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
