@@ -163,3 +163,25 @@ def test_a_client_that_stops_reading_stops_being_read(three):
         channel.close()
     assert got == list(range(total))
     assert picks_answered() - before == total
+
+
+def test_a_client_leaving_mid_stream_is_no_error_and_the_service_keeps_serving(
+        three, caplog):
+    svc, servers = three
+
+    def endless():
+        i = 0
+        while True:
+            yield pick_msg(i, seed=i)
+            i += 1
+
+    answers = svc.picker.PickStream(endless(), timeout=30)
+    assert [next(answers).id for _ in range(5)] == [0, 1, 2, 3, 4]
+    answers.cancel()
+    with pytest.raises(grpc.RpcError) as info:
+        list(answers)
+    assert info.value.code() == grpc.StatusCode.CANCELLED
+    (again,) = stream(svc, [pick_msg(9, seed=1)])
+    assert again.pick.endpoint == servers[2].address
+    assert [r.getMessage() for r in caplog.records
+            if r.levelname in ("ERROR", "CRITICAL")] == []
