@@ -25,7 +25,8 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pick: validation (to_request)", ("to_request ",)),
     ("pick: encode (to_response)", ("to_response ",)),
     ("pick: scheduler (filters, picker, bookkeeping)", ("Scheduler.schedule",)),
-    ("pick: servicer, stream loop", ("PickerService.",)),
+    # PickStream reads and writes run gRPC C code under our frames: counted here.
+    ("pick: servicer, PickStream reads and writes", ("PickerService.",)),
     ("completion (post_response)", ("Scheduler.complete",)),
     ("scrape: fetch (aiohttp, timeouts)", ("Pool._fetch",)),
     ("scrape: parse (parse_metrics)", ("parse_metrics",)),
