@@ -221,11 +221,13 @@ def unary_phase(target: str, kind: str, threads: int, seconds: float,
                               [health_pb2.HealthCheckRequest()])
             lat, i, perf = out[k], k, time.perf_counter
             try:
-                while perf() < stop:
+                while True:  # at least one call, however late this thread starts
                     t0 = perf()
                     call(msgs[i % len(msgs)], timeout=30)
                     lat.append((perf() - t0) * 1e6)
                     i += threads
+                    if perf() >= stop:
+                        break
             except grpc.RpcError as exc:
                 errors.append(exc)
 
@@ -250,10 +252,12 @@ async def _stream_phase(target: str, streams: int, window: int, seconds: float,
 
             async def write() -> None:
                 i = k
-                while time.perf_counter() < stop:
+                while True:  # at least one pick
                     await room.acquire()
                     await call.write(picker_pb2.PickStreamRequest(id=i, pick=reqs[i % len(reqs)]))
                     i += streams
+                    if time.perf_counter() >= stop:
+                        break
                 await call.done_writing()
 
             writer = asyncio.ensure_future(write())
