@@ -105,7 +105,10 @@ class TelemetryRecorder:
         self._stages = [telemetry.PICK_LATENCY.labels(s) for s in ("filter", "score", "pick",
                                                                     "hooks")]
         self._outcomes = {o: telemetry.PICKS.labels(o) for o in telemetry.PICK_OUTCOMES}
-        self._policy_latency: dict[str, object] = {}
+        self._policy_latency = telemetry.Children(telemetry.POLICY_SCORE_LATENCY)
+        self._policy_errors = telemetry.Children(telemetry.POLICY_ERRORS)
+        self._shadow_agreement = telemetry.Children(telemetry.SHADOW_AGREEMENT)
+        self._shadow_delta = telemetry.Children(telemetry.SHADOW_SCORE_DELTA)
 
     def pick_done(self, outcome: str, seconds: float) -> None:
         self._outcomes[outcome].inc()
@@ -126,17 +129,14 @@ class TelemetryRecorder:
             telemetry.TTFT.observe(ttft_s)
 
     def policy_error(self, error: PluginError) -> None:
-        telemetry.POLICY_ERRORS.labels(error.plugin, error.kind).inc()
+        self._policy_errors(error.plugin, error.kind).inc()
 
     def policy_latency(self, policy: str, seconds: float) -> None:
-        child = self._policy_latency.get(policy)
-        if child is None:
-            child = self._policy_latency[policy] = telemetry.POLICY_SCORE_LATENCY.labels(policy)
-        child.observe(seconds)
+        self._policy_latency(policy).observe(seconds)
 
     def shadow(self, policy: str, agree: bool, delta: float) -> None:
-        telemetry.SHADOW_AGREEMENT.labels(policy, "true" if agree else "false").inc()
-        telemetry.SHADOW_SCORE_DELTA.labels(policy).observe(delta)
+        self._shadow_agreement(policy, "true" if agree else "false").inc()
+        self._shadow_delta(policy).observe(delta)
         if self.manager is not None and policy in self.manager.active:
             info = self.manager.active[policy]
             info.shadow_calls += 1

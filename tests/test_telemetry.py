@@ -81,3 +81,13 @@ def test_metrics_server_serves_the_registry_on_a_free_port_until_closed():
         server.close()
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.url)
+
+
+def test_children_look_each_label_set_up_once_and_keep_it():
+    children = telemetry.Children(telemetry.POLICY_ERRORS)
+    a = children("p-children", "trap")
+    assert children("p-children", "trap") is a
+    assert children("p-children", "timeout") is not a
+    a.inc()
+    assert telemetry.REGISTRY.get_sample_value(
+        "epick_policy_errors_total", {"policy": "p-children", "kind": "trap"}) == 1

@@ -1,26 +1,40 @@
 """The ``epick.v1.EndpointPicker`` gRPC service: decode, schedule, encode — nothing else.
 
 Validation of every field happens here (the edge), so the scheduler never re-checks;
-scheduling errors become gRPC status codes in one place, :func:`status_for`.
+scheduling errors become gRPC status codes in one place, :func:`status_for`. The unary
+``Pick`` / ``ReportCompletion`` and the streaming ``PickStream`` share one validation and
+one answer per message (:meth:`PickerService.answer_pick`,
+:meth:`PickerService.answer_completion`), so a message gets the same answer either way.
+
+This is the hot path (docs/performance.md): per pick it reads each protobuf field once,
+records telemetry through pre-bound children, and builds no explanation unless asked.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
+import anyio
 import grpc
 
 from epick import abi
 from epick.api.gen.epick.v1 import picker_pb2, picker_pb2_grpc
 from epick.scheduler.scheduler import Scheduler, SchedulingError, Shed, Unavailable, random_seed
 
-__all__ = ["PickerService", "InvalidArgument", "to_request", "pin_of", "status_for"]
+__all__ = ["PickerService", "InvalidArgument", "to_request", "to_completion", "pin_of",
+           "status_for"]
+
+log = logging.getLogger("epick.api")
 
 #: Limits on request fields; beyond them a request is INVALID_ARGUMENT.
 MAX_PROMPT_BYTES = 4 << 20
 MAX_NAME = 256
 MAX_HEADERS = 128
 MAX_HEADER_BYTES = 16 << 10
+#: Answers a PickStream may hold that the transport has not taken yet; beyond it, epick
+#: stops reading that stream. Enough to overlap reading with writing.
+STREAM_WINDOW = 16
 
 # PickRequest.Criticality -> abi.Criticality (UNSPECIFIED means STANDARD).
 _CRITICALITY = {
@@ -55,47 +69,59 @@ def _check_name(field: str, value: str, *, required: bool = False) -> None:
 
 def to_request(msg: picker_pb2.PickRequest) -> abi.Request:
     """Validate a PickRequest and turn it into the policies' :class:`abi.Request`."""
-    _check_name("PickRequest.model", msg.model, required=True)
-    _check_name("PickRequest.adapter", msg.adapter)
-    if len(msg.request_id) > MAX_NAME:
+    # Each protobuf field access builds a new Python object (a str decoded from UTF-8
+    # for the prompt): read every field once.
+    model, adapter, prompt = msg.model, msg.adapter, msg.prompt
+    request_id, cache_salt, headers = msg.request_id, msg.cache_salt, msg.headers
+    _check_name("PickRequest.model", model, required=True)
+    if adapter:
+        _check_name("PickRequest.adapter", adapter)
+    if len(request_id) > MAX_NAME:
         raise InvalidArgument(
-            f"PickRequest.request_id is {len(msg.request_id)} characters long; "
+            f"PickRequest.request_id is {len(request_id)} characters long; "
             f"the limit is {MAX_NAME}"
         )
-    if len(msg.cache_salt) > MAX_NAME:
-        raise InvalidArgument(
-            f"PickRequest.cache_salt is {len(msg.cache_salt)} characters long; "
-            f"the limit is {MAX_NAME}"
-        )
-    if "\0" in msg.cache_salt:
-        # The prefix hash frames the salt with NUL bytes (policies/ABI.md).
-        raise InvalidArgument("PickRequest.cache_salt contains a NUL character")
-    prompt_bytes = len(msg.prompt.encode())
-    if prompt_bytes > MAX_PROMPT_BYTES:
-        raise InvalidArgument(
-            f"PickRequest.prompt is {prompt_bytes} bytes; the limit is {MAX_PROMPT_BYTES}"
-        )
+    if cache_salt:
+        if len(cache_salt) > MAX_NAME:
+            raise InvalidArgument(
+                f"PickRequest.cache_salt is {len(cache_salt)} characters long; "
+                f"the limit is {MAX_NAME}"
+            )
+        if "\0" in cache_salt:
+            # The prefix hash frames the salt with NUL bytes (policies/ABI.md).
+            raise InvalidArgument("PickRequest.cache_salt contains a NUL character")
+    # A character is at most 4 UTF-8 bytes: only a long prompt needs encoding to count.
+    if len(prompt) * 4 > MAX_PROMPT_BYTES:
+        prompt_bytes = len(prompt.encode())
+        if prompt_bytes > MAX_PROMPT_BYTES:
+            raise InvalidArgument(
+                f"PickRequest.prompt is {prompt_bytes} bytes; the limit is {MAX_PROMPT_BYTES}"
+            )
     criticality = _CRITICALITY.get(msg.criticality)
     if criticality is None:
         raise InvalidArgument(
             f"PickRequest.criticality {msg.criticality} is not one of CRITICAL (1), "
             "STANDARD (2), SHEDDABLE (3)"
         )
-    if len(msg.headers) > MAX_HEADERS:
-        raise InvalidArgument(
-            f"PickRequest.headers has {len(msg.headers)} entries; the limit is {MAX_HEADERS}"
-        )
-    if sum(len(k) + len(v) for k, v in msg.headers.items()) > MAX_HEADER_BYTES:
-        raise InvalidArgument(f"PickRequest.headers exceed {MAX_HEADER_BYTES} bytes in total")
+    if headers:
+        if len(headers) > MAX_HEADERS:
+            raise InvalidArgument(
+                f"PickRequest.headers has {len(headers)} entries; the limit is {MAX_HEADERS}"
+            )
+        headers = dict(headers)
+        if sum(len(k) + len(v) for k, v in headers.items()) > MAX_HEADER_BYTES:
+            raise InvalidArgument(f"PickRequest.headers exceed {MAX_HEADER_BYTES} bytes in total")
+    else:
+        headers = {}
     return abi.Request(
-        request_id=msg.request_id,
-        model=msg.model,
-        adapter=msg.adapter,
-        prompt=msg.prompt,
+        request_id=request_id,
+        model=model,
+        adapter=adapter,
+        prompt=prompt,
         criticality=criticality,
         seed=msg.seed if msg.HasField("seed") else random_seed(),
-        cache_salt=msg.cache_salt,
-        headers=dict(msg.headers),
+        cache_salt=cache_salt,
+        headers=headers,
     )
 
 
@@ -113,6 +139,19 @@ def pin_of(msg: picker_pb2.PickRequest, *, allow_pinning: bool) -> str:
     if not sep or not host or not port.isdigit():
         raise InvalidArgument(f"PickRequest.pin_endpoint {pin!r} is not host:port")
     return pin
+
+
+def to_completion(msg: picker_pb2.CompletionReport) -> abi.CompletionStatus:
+    """Validate a CompletionReport; its status as :class:`abi.CompletionStatus`."""
+    if not msg.decision_id and not msg.request_id:
+        raise InvalidArgument("CompletionReport needs decision_id or request_id; both are empty")
+    status = _COMPLETION.get(msg.status)
+    if status is None:
+        raise InvalidArgument(
+            f"CompletionReport.status {msg.status} is not one of OK (0), ERROR (1), "
+            "CANCELLED (2)"
+        )
+    return status
 
 
 def status_for(exc: Exception) -> grpc.StatusCode:
@@ -146,55 +185,122 @@ def to_response(decision) -> picker_pb2.PickResponse:
     return resp
 
 
+#: One answer: a response, or the status code and details the call fails with.
+Answer = tuple[object, None] | tuple[None, tuple[grpc.StatusCode, str]]
+
+
 class PickerService(picker_pb2_grpc.EndpointPickerServicer):
-    """Serves Pick and ReportCompletion from a :class:`Scheduler` on the event-loop thread."""
+    """Serves Pick, ReportCompletion and PickStream from a :class:`Scheduler`.
+
+    Everything runs on the event-loop thread: a message is validated, scheduled and
+    encoded without an ``await`` in between, so picks never interleave with each other
+    or with a policy swap.
+
+    ``telemetry`` (optional) gets ``pick_done(outcome, seconds)`` per pick, with
+    outcome one of :data:`epick.telemetry.PICK_OUTCOMES`.
+    """
 
     def __init__(self, scheduler: Scheduler, telemetry=None, *,
                  allow_pinning: bool = False) -> None:
         self.scheduler = scheduler
         self.telemetry = telemetry
         self.allow_pinning = allow_pinning
+        # Bound once: the telemetry object does not change while serving.
+        self._pick_done = telemetry.pick_done if telemetry is not None else None
+
+    def answer_pick(self, msg: picker_pb2.PickRequest) -> Answer:
+        """Validate, schedule and encode one pick, and record it; never raises."""
+        t0 = time.perf_counter()
+        try:
+            pin = pin_of(msg, allow_pinning=self.allow_pinning)
+            req = to_request(msg)
+            decision = (self.scheduler.schedule(req, explain=msg.explain, pin=pin) if pin
+                        else self.scheduler.schedule(req, explain=msg.explain))
+            answer, outcome = (to_response(decision), None), "ok"
+        except InvalidArgument as exc:
+            answer, outcome = (None, (grpc.StatusCode.INVALID_ARGUMENT, str(exc))), "invalid"
+        except SchedulingError as exc:
+            answer, outcome = (None, (status_for(exc), str(exc))), exc.outcome
+        except Exception as exc:  # a bug: never take the service down, say what happened
+            log.exception("Pick failed")
+            answer = (None, (grpc.StatusCode.INTERNAL, f"internal error: {exc!r}"))
+            outcome = "error"
+        if self._pick_done is not None:
+            self._pick_done(outcome, time.perf_counter() - t0)
+        return answer
+
+    def answer_completion(self, msg: picker_pb2.CompletionReport) -> Answer:
+        """Validate one completion report and run the post_response hooks; never raises."""
+        try:
+            status = to_completion(msg)
+        except InvalidArgument as exc:
+            return None, (grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            known = self.scheduler.complete(
+                decision_id=msg.decision_id,
+                request_id=msg.request_id,
+                endpoint=msg.endpoint,
+                status=status,
+                prompt_tokens=msg.prompt_tokens if msg.HasField("prompt_tokens") else None,
+                completion_tokens=(msg.completion_tokens
+                                   if msg.HasField("completion_tokens") else None),
+                ttft_s=msg.ttft_seconds if msg.HasField("ttft_seconds") else None,
+            )
+        except Exception as exc:  # a bug, as in answer_pick
+            log.exception("ReportCompletion failed")
+            return None, (grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
+        return picker_pb2.CompletionAck(known=known), None
 
     async def Pick(self, request, context):
-        t0 = time.perf_counter()
-        outcome = "ok"
-        try:
-            pin = pin_of(request, allow_pinning=self.allow_pinning)
-            req = to_request(request)
-            decision = (self.scheduler.schedule(req, explain=request.explain, pin=pin) if pin
-                        else self.scheduler.schedule(req, explain=request.explain))
-            return to_response(decision)
-        except (InvalidArgument, SchedulingError) as exc:
-            outcome = "invalid" if isinstance(exc, InvalidArgument) else exc.outcome
-            await context.abort(status_for(exc), str(exc))
-        except Exception as exc:  # a bug: never take the service down, say what happened
-            outcome = "error"
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
-        finally:
-            if self.telemetry is not None:
-                self.telemetry.pick_done(outcome, time.perf_counter() - t0)
+        response, error = self.answer_pick(request)
+        if error is not None:
+            await context.abort(*error)
+        return response
 
     async def ReportCompletion(self, request, context):
-        if not request.decision_id and not request.request_id:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "CompletionReport needs decision_id or request_id; both are empty",
-            )
-        status = _COMPLETION.get(request.status)
-        if status is None:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"CompletionReport.status {request.status} is not one of OK (0), ERROR (1), "
-                "CANCELLED (2)",
-            )
-        known = self.scheduler.complete(
-            decision_id=request.decision_id,
-            request_id=request.request_id,
-            endpoint=request.endpoint,
-            status=status,
-            prompt_tokens=request.prompt_tokens if request.HasField("prompt_tokens") else None,
-            completion_tokens=(request.completion_tokens
-                               if request.HasField("completion_tokens") else None),
-            ttft_s=request.ttft_seconds if request.HasField("ttft_seconds") else None,
-        )
-        return picker_pb2.CompletionAck(known=known)
+        response, error = self.answer_completion(request)
+        if error is not None:
+            await context.abort(*error)
+        return response
+
+    async def PickStream(self, request_iterator, context) -> None:
+        """One response per request message, in order, each with the request's id.
+
+        A bad message is answered with a :class:`StreamError` and the stream goes on.
+        Two tasks: one reads and answers, one writes, so reading message k + 1 overlaps
+        writing answer k. Between them at most :data:`STREAM_WINDOW` answers wait; when
+        the client stops reading, writes stall (HTTP/2 flow control), that buffer fills,
+        and epick stops reading the stream: backpressure all the way to the client.
+        """
+        send, receive = anyio.create_memory_object_stream[picker_pb2.PickStreamResponse](
+            STREAM_WINDOW)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._answer_stream, request_iterator, send)
+            async with receive:
+                async for response in receive:
+                    await context.write(response)
+
+    async def _answer_stream(self, request_iterator, send) -> None:
+        async with send:
+            async for msg in request_iterator:
+                await send.send(self.answer_stream_message(msg))
+
+    def answer_stream_message(
+        self, msg: picker_pb2.PickStreamRequest
+    ) -> picker_pb2.PickStreamResponse:
+        """The one response to one PickStream message; never raises."""
+        kind = msg.WhichOneof("kind")
+        if kind == "pick":
+            response, error = self.answer_pick(msg.pick)
+            if error is None:
+                return picker_pb2.PickStreamResponse(id=msg.id, pick=response)
+        elif kind == "completion":
+            response, error = self.answer_completion(msg.completion)
+            if error is None:
+                return picker_pb2.PickStreamResponse(id=msg.id, completion=response)
+        else:
+            error = (grpc.StatusCode.INVALID_ARGUMENT,
+                     f"PickStreamRequest {msg.id} has neither pick nor completion")
+        code, details = error
+        return picker_pb2.PickStreamResponse(
+            id=msg.id, error=picker_pb2.StreamError(code=code.value[0], message=details))

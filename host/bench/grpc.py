@@ -1,24 +1,43 @@
-"""`epick bench pick --grpc`: Pick over real gRPC beside a no-op RPC on the same server.
+"""`epick bench pick --grpc`: Pick over real gRPC beside a no-op RPC, side by side, in one run.
 
-Starts ``epick serve`` as a separate process against N static vLLM /metrics pages (served
-from this process), waits for SERVING, then alternates phases of Pick and of the no-op —
-the standard ``grpc.health.v1.Health/Check``, a unary call that does nothing — first with
-one client thread (latency), then with ``--threads`` (throughput). Prints picks/s and
-p50/p99 for both RPCs and their ratios, per endpoint count.
+Starts one ``epick serve`` process per setup — 8 endpoints scraped every 50 ms, 64
+endpoints scraped every 50 ms, and 64 endpoints not scraped after the first round — all
+against vLLM-like /metrics pages served by a process of their own
+(:mod:`epick.bench.pages`; the pages change on every answer, so every scrape parses and
+every round rebuilds the snapshot). Only one setup runs at a time: the others are
+stopped with SIGSTOP, so on a 2-core machine an idle setup's scraping does not steal CPU
+from the measured one. Rounds alternate the setups and, within a setup, the phases:
+
+    seq    one client thread: the no-op, then Pick                       (latency)
+    par    ``--threads`` client threads, each its own channel             (throughput)
+    stream ``--streams`` PickStream streams, ``--window`` picks in flight each
+
+The no-op is ``grpc.health.v1.Health/Check`` on the same server: a unary call that does
+nothing, so Pick ÷ no-op is what a pick costs beyond gRPC itself. Unary clients are
+synchronous gRPC threads; the stream client is grpc.aio on one thread (a high-rate
+gateway's client is asynchronous). Server CPU per call is read from /proc with the
+setup's idle CPU rate (its scraping) subtracted.
+
+Prints the table and every ratio the serving path is held to (issue 17), with its goal.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import math
 import os
 import random
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -26,74 +45,155 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epick.api.gen.epick.v1 import picker_pb2, picker_pb2_grpc
 
-__all__ = ["main"]
+__all__ = ["main", "measure", "Setup", "Phase"]
+
+#: An hour: the "no scraping" setup scrapes once at start and then never again, and its
+#: endpoints stay fresh for the whole run.
+NO_SCRAPE_MS = 3_600_000
 
 
-def _page(i: int, rng: random.Random) -> bytes:
-    adapters = ",".join(rng.sample([f"adapter-{k}" for k in range(16)], 2))
-    return (
-        f'vllm:num_requests_waiting{{model_name="llama"}} {rng.randint(0, 20)}\n'
-        f'vllm:num_requests_running{{model_name="llama"}} {rng.randint(0, 60)}\n'
-        f'vllm:kv_cache_usage_perc{{model_name="llama"}} {rng.random():.3f}\n'
-        f'vllm:lora_requests_info{{max_lora="4",running_lora_adapters="{adapters}",'
-        f'waiting_lora_adapters=""}} 1.7e9\n'
-        f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="8192"}} 1\n'
-    ).encode()
+@dataclass
+class Phase:
+    """One kind of load on one setup, summed over the rounds."""
+
+    latencies_us: list[float] = field(default_factory=list)
+    calls: int = 0
+    seconds: float = 0.0
+    server_cpu_s: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.calls / self.seconds if self.seconds else 0.0
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.latencies_us) if self.latencies_us else float("nan")
+
+    @property
+    def p99(self) -> float:
+        s = sorted(self.latencies_us)
+        return s[min(len(s) - 1, int(len(s) * 0.99))] if s else float("nan")
+
+    @property
+    def cpu_us(self) -> float:
+        """Server CPU per call, its idle rate subtracted."""
+        return self.server_cpu_s / self.calls * 1e6 if self.calls else float("nan")
 
 
-class _Pages(ThreadingHTTPServer):
-    daemon_threads = True
+@dataclass
+class Setup:
+    """One ``epick serve`` process: ``endpoints`` scraped every ``scrape_ms``."""
 
-    def __init__(self, n: int):
-        rng = random.Random(5)
-        self.pages = [_page(i, rng) for i in range(n)]
+    name: str
+    endpoints: int
+    scrape_ms: int
+    proc: subprocess.Popen | None = None
+    target: str = ""
+    metrics_url: str = ""
+    phases: dict[str, Phase] = field(default_factory=dict)
+    host_us: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Host time per pick by stage and policy, (median, mean) µs, from the server's own
+    histograms."""
 
-        pages = self.pages
+    def config(self, pages_port: int) -> str:
+        stale = NO_SCRAPE_MS if self.scrape_ms >= NO_SCRAPE_MS else 2000
+        lines = ["version = 1", "[server]", 'listen = "127.0.0.1:0"',
+                 'metrics_listen = "127.0.0.1:0"',
+                 "[admin]", 'listen = ""', "[pool]", f"scrape_interval_ms = {self.scrape_ms}",
+                 f"stale_after_ms = {stale}"]
+        for i in range(self.endpoints):
+            lines += ["[[pool.endpoints]]", f'address = "10.9.{i // 250}.{i % 250}:8000"',
+                      f'metrics_url = "http://127.0.0.1:{pages_port}/metrics/{i}"']
+        for name in ("load", "prefix-cache", "lora-affinity"):
+            lines += ["[[policies]]", f'name = "{name}"', f'module = "{name}"']
+        return "\n".join(lines) + "\n"
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                try:
-                    body = pages[int(self.path.rsplit("/", 1)[1])]
-                except (ValueError, IndexError):
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    def start(self, config_path: Path) -> None:
+        # Its log goes to a file: a pause makes in-flight scrapes time out on resume,
+        # and their warnings would garble the table.
+        log = config_path.with_suffix(".log")
+        with log.open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "epick.cli", "--log-level", "WARNING", "serve",
+                 "--config", str(config_path)],
+                stdout=subprocess.PIPE, stderr=err, text=True,
+            )
+        line = self.proc.stdout.readline()
+        if "serving Pick on" not in line:
+            self.stop()
+            raise RuntimeError(f"epick serve ({self.name}) did not start: {line!r}\n"
+                               f"{log.read_text()[-2000:]}")
+        self.target = line.rsplit(" ", 1)[1].strip()
+        line = self.proc.stdout.readline()
+        if "metrics on" not in line:
+            self.stop()
+            raise RuntimeError(f"epick serve ({self.name}) printed no metrics URL: {line!r}")
+        self.metrics_url = line.split()[-1]
 
-            def log_message(self, *a):
-                pass
+    def read_host_times(self) -> None:
+        """Fill :attr:`host_us` from the server's /metrics, over every pick since start:
+        ``key`` → (median as Prometheus' histogram_quantile interpolates it, mean)."""
+        import urllib.request
 
-        super().__init__(("127.0.0.1", 0), Handler)
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(self.metrics_url, timeout=30).read().decode()
+        sums: dict[str, float] = {}
+        buckets: dict[str, list[tuple[float, float]]] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name not in ("epick_pick_latency_seconds",
+                                   "epick_policy_score_latency_seconds"):
+                continue
+            for sample in family.samples:
+                key = sample.labels.get("stage") or f"policy {sample.labels.get('policy')}"
+                if sample.name.endswith("_sum"):
+                    sums[key] = sample.value
+                elif sample.name.endswith("_bucket"):
+                    buckets.setdefault(key, []).append((float(sample.labels["le"]),
+                                                        sample.value))
+        self.host_us = {}
+        for key, bs in buckets.items():
+            bs.sort()
+            count = bs[-1][1]
+            if not count:
+                continue
+            lo_bound, lo_count, median = 0.0, 0.0, float("nan")
+            for bound, cum in bs:
+                if cum >= count / 2:
+                    if math.isinf(bound):
+                        median = lo_bound
+                    else:
+                        median = lo_bound + (bound - lo_bound) * (
+                            (count / 2 - lo_count) / max(cum - lo_count, 1))
+                    break
+                lo_bound, lo_count = bound, cum
+            self.host_us[key] = (median * 1e6, sums[key] / count * 1e6)
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def cpu(self) -> float:
+        """The server process's user + system CPU seconds so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
-def _config(n: int, pages_port: int, scrape_ms: int) -> str:
-    lines = ["version = 1", "[server]", 'listen = "127.0.0.1:0"', 'metrics_listen = ""',
-             "[admin]", 'listen = ""', "[pool]", f"scrape_interval_ms = {scrape_ms}"]
-    for i in range(n):
-        lines += ["[[pool.endpoints]]", f'address = "10.9.{i // 250}.{i % 250}:8000"',
-                  f'metrics_url = "http://127.0.0.1:{pages_port}/metrics/{i}"']
-    for name in ("load", "prefix-cache", "lora-affinity"):
-        lines += ["[[policies]]", f'name = "{name}"', f'module = "{name}"']
-    return "\n".join(lines) + "\n"
-
-
-def _start_server(config_path: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "epick.cli", "--log-level", "WARNING", "serve",
-         "--config", str(config_path)],
-        stdout=subprocess.PIPE, text=True,
-    )
-    line = proc.stdout.readline()
-    if "serving Pick on" not in line:
-        proc.kill()
-        raise RuntimeError(f"epick serve did not start: {line!r}")
-    return proc, line.rsplit(" ", 1)[1].strip()
-
-
-def _requests(count: int) -> list[picker_pb2.PickRequest]:
+def requests(count: int) -> list[picker_pb2.PickRequest]:
+    """A seeded mix: 70% with one of 16 adapters, 24 shared ~700-byte prompt prefixes."""
     rng = random.Random(3)
     prompts = [f"You are assistant #{t}. " * 30 for t in range(24)]
     return [
@@ -105,103 +205,308 @@ def _requests(count: int) -> list[picker_pb2.PickRequest]:
     ]
 
 
-def _phase(target: str, kind: str, threads: int, seconds: float, reqs) -> list[float]:
-    """Run one phase; return per-call latencies in µs (all threads)."""
+def unary_phase(target: str, kind: str, threads: int, seconds: float,
+                reqs: list[picker_pb2.PickRequest]) -> list[float]:
+    """``threads`` synchronous clients calling Pick (or the no-op) for ``seconds``; µs each."""
     out: list[list[float]] = [[] for _ in range(threads)]
+    errors: list[BaseException] = []
     stop = time.perf_counter() + seconds
 
     def worker(k: int) -> None:
-        ch = grpc.insecure_channel(target)
-        if kind == "pick":
-            stub = picker_pb2_grpc.EndpointPickerStub(ch)
-            call, msgs = stub.Pick, reqs
-        else:
-            stub = health_pb2_grpc.HealthStub(ch)
-            call, msgs = stub.Check, [health_pb2.HealthCheckRequest()]
-        lat = out[k]
-        i = k
-        perf = time.perf_counter
-        while perf() < stop:
-            t0 = perf()
-            call(msgs[i % len(msgs)])
-            lat.append((perf() - t0) * 1e6)
-            i += threads
-        ch.close()
+        with grpc.insecure_channel(target) as ch:
+            if kind == "pick":
+                call, msgs = picker_pb2_grpc.EndpointPickerStub(ch).Pick, reqs
+            else:
+                call, msgs = (health_pb2_grpc.HealthStub(ch).Check,
+                              [health_pb2.HealthCheckRequest()])
+            lat, i, perf = out[k], k, time.perf_counter
+            try:
+                while True:  # at least one call, however late this thread starts
+                    t0 = perf()
+                    call(msgs[i % len(msgs)], timeout=30)
+                    lat.append((perf() - t0) * 1e6)
+                    i += threads
+                    if perf() >= stop:
+                        break
+            except grpc.RpcError as exc:
+                errors.append(exc)
 
     ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
+    if errors:
+        raise RuntimeError(f"{kind} failed during the benchmark: {errors[0]}")
     return [x for lat in out for x in lat]
 
 
-def _pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(len(s) * q))]
+async def _stream_phase(target: str, streams: int, window: int, seconds: float,
+                        reqs: list[picker_pb2.PickRequest]) -> int:
+    stop = time.perf_counter() + seconds
+
+    async def one(k: int) -> int:
+        async with grpc.aio.insecure_channel(target) as ch:
+            call = picker_pb2_grpc.EndpointPickerStub(ch).PickStream()
+            room = asyncio.Semaphore(window)
+
+            async def write() -> None:
+                i = k
+                while True:  # at least one pick
+                    await room.acquire()
+                    await call.write(picker_pb2.PickStreamRequest(id=i, pick=reqs[i % len(reqs)]))
+                    i += streams
+                    if time.perf_counter() >= stop:
+                        break
+                await call.done_writing()
+
+            writer = asyncio.ensure_future(write())
+            answered, expect = 0, k
+            async for r in call:
+                room.release()
+                if r.id != expect or r.WhichOneof("kind") != "pick":
+                    writer.cancel()
+                    raise RuntimeError(f"PickStream answered {r} to message {expect}")
+                answered, expect = answered + 1, expect + streams
+            await writer
+            return answered
+
+    return sum(await asyncio.gather(*(one(k) for k in range(streams))))
 
 
-def measure(n: int, *, threads: int, seconds: float, rounds: int, scrape_ms: int) -> dict:
-    pages = _Pages(n)
-    th = threading.Thread(target=pages.serve_forever, daemon=True)
-    th.start()
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = Path(tmp) / "bench.toml"
-        cfg.write_text(_config(n, pages.server_address[1], scrape_ms))
-        proc, target = _start_server(cfg)
-        try:
-            reqs = _requests(4096)
-            ch = grpc.insecure_channel(target)
-            picker_pb2_grpc.EndpointPickerStub(ch).Pick(reqs[0], timeout=5)  # warm, and check
-            ch.close()
-            res = {"endpoints": n}
-            for label, nthreads in (("seq", 1), ("par", threads)):
-                lat = {"pick": [], "noop": []}
-                count = {"pick": 0, "noop": 0}
-                secs = {"pick": 0.0, "noop": 0.0}
-                for _ in range(rounds):
-                    for kind in ("noop", "pick"):
-                        t0 = time.perf_counter()
-                        xs = _phase(target, kind, nthreads, seconds / rounds, reqs)
-                        secs[kind] += time.perf_counter() - t0
-                        lat[kind] += xs
-                        count[kind] += len(xs)
-                for kind in ("pick", "noop"):
-                    res[f"{label}_{kind}_p50"] = statistics.median(lat[kind])
-                    res[f"{label}_{kind}_p99"] = _pct(lat[kind], 0.99)
-                    res[f"{label}_{kind}_rps"] = count[kind] / secs[kind]
-            return res
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
-            pages.shutdown()
+def stream_phase(target: str, streams: int, window: int, seconds: float,
+                 reqs: list[picker_pb2.PickRequest]) -> int:
+    """``streams`` PickStream calls with ``window`` picks in flight each; picks answered."""
+    return asyncio.run(_stream_phase(target, streams, window, seconds, reqs))
+
+
+#: py-spy's sampling rate for ``--py-spy`` (Hz).
+SPY_RATE = 250
+
+
+@dataclass
+class Profile:
+    """One py-spy recording of one setup's phase: GIL-holding stacks of the server."""
+
+    setup: str
+    phase: str
+    path: Path
+    seconds: int
+    calls_per_s: float = 0.0
+
+
+def _spy(pid: int, seconds: int, out: Path) -> subprocess.Popen:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    return subprocess.Popen(
+        [exe, "record", "--gil", "--nonblocking", "-r", str(SPY_RATE), "-f", "raw",
+         "-d", str(seconds), "-p", str(pid), "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 32,
+            seconds: float = 4.0, rounds: int = 4, scrape_ms: int = 50,
+            settle_s: float = 0.5, py_spy: Path | None = None,
+            profiles: list[Profile] | None = None) -> list[Setup]:
+    """Run every setup and phase; ``seconds`` is per phase and setup over all rounds.
+
+    With ``py_spy`` (a folder), the first round also records each setup's seq and stream
+    phases with py-spy (GIL-holding samples only) and appends a :class:`Profile` per
+    recording to ``profiles``.
+    """
+    setups = [Setup(f"{n} endpoints", n, scrape_ms) for n in sizes]
+    setups.append(Setup(f"{max(sizes)} endpoints, no scraping", max(sizes), NO_SCRAPE_MS))
+    reqs = requests(4096)
+    pages = subprocess.Popen([sys.executable, "-m", "epick.bench.pages", "--count",
+                              str(max(sizes))], stdout=subprocess.PIPE, text=True)
+    try:
+        pages_port = int(pages.stdout.readline())
+        with tempfile.TemporaryDirectory() as tmp:
+            for s in setups:
+                path = Path(tmp) / f"{s.endpoints}-{s.scrape_ms}.toml"
+                path.write_text(s.config(pages_port))
+                s.start(path)
+                with grpc.insecure_channel(s.target) as ch:  # warm, and check it answers
+                    picker_pb2_grpc.EndpointPickerStub(ch).Pick(reqs[0], timeout=30)
+                s.pause()
+            per = seconds / rounds
+            kinds = (("seq", "noop", 1), ("seq", "pick", 1), ("par", "noop", threads),
+                     ("par", "pick", threads), ("stream", "pick", streams))
+            for round_ in range(rounds):
+                for s in setups:
+                    s.resume()
+                    c0, t0 = s.cpu(), time.perf_counter()
+                    time.sleep(settle_s)  # fresh again after the pause; idle CPU rate
+                    idle_rate = (s.cpu() - c0) / (time.perf_counter() - t0)
+                    for mode, kind, n in kinds:
+                        key = f"{mode}_{kind}"
+                        ph = s.phases.setdefault(key, Phase())
+                        spy = prof = None
+                        if py_spy is not None and round_ == 0 and mode != "par":
+                            prof = Profile(s.name, key, py_spy / f"{s.endpoints}-"
+                                           f"{'scrape' if s.scrape_ms < NO_SCRAPE_MS else 'idle'}"
+                                           f"-{key}.txt", max(1, math.floor(per)))
+                            spy = _spy(s.proc.pid, prof.seconds, prof.path)
+                        c0, t0 = s.cpu(), time.perf_counter()
+                        if mode == "stream":
+                            calls = stream_phase(s.target, n, window, per, reqs)
+                        else:
+                            lat = unary_phase(s.target, kind, n, per, reqs)
+                            ph.latencies_us += lat
+                            calls = len(lat)
+                        ph.calls += calls
+                        dt = time.perf_counter() - t0
+                        if spy is not None:
+                            spy.wait(timeout=60)
+                            prof.calls_per_s = calls / dt
+                            profiles.append(prof)
+                        ph.seconds += dt
+                        ph.server_cpu_s += max(0.0, s.cpu() - c0 - idle_rate * dt)
+                    s.pause()
+            for s in setups:
+                s.resume()
+                s.read_host_times()
+                s.pause()
+    finally:
+        for s in setups:
+            s.stop()
+        pages.terminate()
+        pages.wait(timeout=10)
+    return setups
+
+
+@dataclass
+class Ratio:
+    what: str
+    value: float
+    goal: str
+    ok: bool
+
+
+def ratios(setups: list[Setup], sizes, threads: int = 8) -> list[Ratio]:
+    by = {(s.endpoints, s.scrape_ms < NO_SCRAPE_MS): s.phases for s in setups}
+    out = []
+    for n in sizes:
+        p = by[(n, True)]
+        r = p["seq_pick"].p50 / p["seq_noop"].p50
+        out.append(Ratio(f"Pick ÷ no-op p50, 1 client, {n} endpoints", r, "<= 1.15", r <= 1.15))
+        r = p["seq_pick"].p99 / p["seq_noop"].p99
+        out.append(Ratio(f"Pick ÷ no-op p99, 1 client, {n} endpoints", r, "<= 1.5", r <= 1.5))
+    for n in sizes:
+        p = by[(n, True)]
+        r = p["par_pick"].rate / p["par_noop"].rate
+        out.append(Ratio(f"unary Pick ÷ no-op calls/s, {threads} threads, {n} endpoints", r,
+                         ">= 0.85", r >= 0.85))
+    for n in sizes:
+        p = by[(n, True)]
+        r = p["stream_pick"].rate / p["par_pick"].rate
+        out.append(Ratio(f"PickStream ÷ unary Pick picks/s, {n} endpoints", r, ">= 2", r >= 2))
+    n = max(sizes)
+    on, off = by[(n, True)], by[(n, False)]
+    r = on["seq_pick"].p50 / off["seq_pick"].p50
+    out.append(Ratio(f"Pick p50 with ÷ without scraping, 1 client, {n} endpoints", r,
+                     "<= 1.10", r <= 1.10))
+    r = on["seq_pick"].p99 / off["seq_pick"].p99
+    out.append(Ratio(f"Pick p99 with ÷ without scraping, 1 client, {n} endpoints", r,
+                     "<= 1.20", r <= 1.20))
+    return out
+
+
+def _print_profiles(console, profiles: list[Profile]) -> None:
+    from epick.bench.profile import summarize
+
+    console.print("server GIL time per call by part (py-spy --gil, first round's phases):")
+    for p in profiles:
+        if not p.path.exists():
+            console.print(f"  py-spy wrote nothing for {p.setup} {p.phase} ({p.path})")
+            continue
+        total, shares = summarize(p.path)
+        # samples / rate = GIL seconds over the recording; per call at the phase's rate.
+        per_call_us = total / SPY_RATE / (p.seconds * p.calls_per_s) * 1e6
+        console.print(f"  {p.path.stem}: {p.calls_per_s:,.0f} calls/s, {total} samples, "
+                      f"{per_call_us:.0f} µs of GIL time per call")
+        for part, share in shares:
+            console.print(f"    {share * per_call_us:6.0f} µs {share:6.1%}  {part}")
 
 
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    ap = argparse.ArgumentParser(prog="epick bench pick --grpc", description=__doc__)
-    ap.add_argument("--sizes", default="8,64")
-    ap.add_argument("--threads", type=int, default=8)
-    ap.add_argument("--seconds", type=float, default=6.0, help="per RPC kind and mode")
-    ap.add_argument("--rounds", type=int, default=3, help="alternations of noop/pick phases")
+    ap = argparse.ArgumentParser(prog="epick bench pick --grpc", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="8,64", help="endpoint counts, comma-separated")
+    ap.add_argument("--threads", type=int, default=8, help="unary client threads (par)")
+    ap.add_argument("--streams", type=int, default=2, help="PickStream streams (stream)")
+    ap.add_argument("--window", type=int, default=32, help="picks in flight per stream")
+    ap.add_argument("--seconds", type=float, default=4.0,
+                    help="per phase and setup, summed over the rounds")
+    ap.add_argument("--rounds", type=int, default=4, help="alternations of setups and phases")
     ap.add_argument("--scrape-interval-ms", type=int, default=50)
+    ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--py-spy", type=Path, metavar="DIR",
+                    help="profile the server in the first round's seq and stream phases "
+                         "(py-spy on PATH or beside python) into DIR, and print where its "
+                         "GIL time goes per call")
     args = ap.parse_args(argv)
-    rows = [measure(int(n), threads=args.threads, seconds=args.seconds, rounds=args.rounds,
-                    scrape_ms=args.scrape_interval_ms) for n in args.sizes.split(",")]
-    t = Table(title=f"epick bench pick --grpc — {os.cpu_count()} cores, scrape every "
-                    f"{args.scrape_interval_ms} ms; µs per call")
-    for c in ("endpoints", "mode", "Pick/s", "no-op/s", "Pick p50", "Pick p99", "no-op p50",
-              "no-op p99", "Pick÷no-op p50"):
+    profiles: list[Profile] = []
+    if args.py_spy is not None:
+        args.py_spy.mkdir(parents=True, exist_ok=True)
+    sizes = tuple(int(n) for n in args.sizes.split(","))
+    t_start = time.time()
+    load_before = os.getloadavg()
+    setups = measure(sizes=sizes, threads=args.threads, streams=args.streams,
+                     window=args.window, seconds=args.seconds, rounds=args.rounds,
+                     scrape_ms=args.scrape_interval_ms, py_spy=args.py_spy, profiles=profiles)
+    load_after = os.getloadavg()
+
+    console = Console(width=150)
+    t = Table(title=f"epick bench pick --grpc — {os.cpu_count()} cores, load average "
+                    f"{load_before[0]:.1f} before / {load_after[0]:.1f} after; µs per call")
+    for c in ("setup", "mode", "RPC", "calls/s", "p50 µs", "p99 µs", "server CPU µs/call"):
         t.add_column(c, justify="right")
-    for r in rows:
-        for label, mode in (("seq", "1 thread"), ("par", f"{args.threads} threads")):
-            t.add_row(str(r["endpoints"]), mode, f"{r[f'{label}_pick_rps']:.0f}",
-                      f"{r[f'{label}_noop_rps']:.0f}", f"{r[f'{label}_pick_p50']:.0f}",
-                      f"{r[f'{label}_pick_p99']:.0f}", f"{r[f'{label}_noop_p50']:.0f}",
-                      f"{r[f'{label}_noop_p99']:.0f}",
-                      f"{r[f'{label}_pick_p50'] / r[f'{label}_noop_p50']:.2f}")
-    Console(width=140).print(t)
-    print("goals: >= 4000 picks/s from one host process on 2 cores; Pick ÷ no-op latency <= 1.3")
+    labels = {"seq": "1 thread", "par": f"{args.threads} threads",
+              "stream": f"{args.streams} streams × {args.window}"}
+    for s in setups:
+        for key, ph in s.phases.items():
+            mode, kind = key.split("_")
+            rpc = "PickStream" if mode == "stream" else ("Pick" if kind == "pick" else "no-op")
+            t.add_row(s.name, labels[mode], rpc, f"{ph.rate:.0f}",
+                      "" if mode == "stream" else f"{ph.p50:.0f}",
+                      "" if mode == "stream" else f"{ph.p99:.0f}", f"{ph.cpu_us:.0f}")
+    console.print(t)
+    ht = Table(title="host time per pick inside the server, p50 / mean µs over every pick of "
+                     "the run (its epick_pick_latency_seconds and "
+                     "epick_policy_score_latency_seconds; p50 interpolated in the buckets)")
+    ht.add_column("stage")
+    for s in setups:
+        ht.add_column(s.name, justify="right")
+    for key in sorted({k for s in setups for k in s.host_us},
+                      key=lambda k: (k.startswith("policy"), k != "total", k)):
+        ht.add_row(key, *("{:.0f} / {:.0f}".format(*s.host_us[key]) if key in s.host_us
+                          else "" for s in setups))
+    console.print(ht)
+    rt = Table(title="the serving path's ratios (one run, side by side)")
+    for c in ("ratio", "measured", "goal", ""):
+        rt.add_column(c, justify="right")
+    rs = ratios(setups, sizes, args.threads)
+    for r in rs:
+        rt.add_row(r.what, f"{r.value:.2f}", r.goal, "ok" if r.ok else "MISSED")
+    console.print(rt)
+    if profiles:
+        _print_profiles(console, profiles)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "command": "epick bench pick --grpc " + " ".join(argv or []),
+            "started": t_start, "cpu_count": os.cpu_count(),
+            "loadavg_before": load_before, "loadavg_after": load_after,
+            "setups": [{"name": s.name, "endpoints": s.endpoints, "scrape_ms": s.scrape_ms,
+                        "host_us": s.host_us,
+                        "phases": {k: {"calls_per_s": p.rate, "calls": p.calls,
+                                       "p50_us": p.p50 if p.latencies_us else None,
+                                       "p99_us": p.p99 if p.latencies_us else None,
+                                       "server_cpu_us": p.cpu_us}
+                                   for k, p in s.phases.items()}} for s in setups],
+            "ratios": [{"what": r.what, "value": r.value, "goal": r.goal, "ok": r.ok}
+                       for r in rs],
+        }, indent=2, default=float) + "\n")
     return 0

@@ -139,3 +139,33 @@ class CompletionAck(_message.Message):
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     known: bool
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
+
+class PickStreamRequest(_message.Message):
+    __slots__ = ("id", "pick", "completion")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PICK_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    pick: PickRequest
+    completion: CompletionReport
+    def __init__(self, id: _Optional[int] = ..., pick: _Optional[_Union[PickRequest, _Mapping]] = ..., completion: _Optional[_Union[CompletionReport, _Mapping]] = ...) -> None: ...
+
+class PickStreamResponse(_message.Message):
+    __slots__ = ("id", "pick", "completion", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PICK_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    pick: PickResponse
+    completion: CompletionAck
+    error: StreamError
+    def __init__(self, id: _Optional[int] = ..., pick: _Optional[_Union[PickResponse, _Mapping]] = ..., completion: _Optional[_Union[CompletionAck, _Mapping]] = ..., error: _Optional[_Union[StreamError, _Mapping]] = ...) -> None: ...
+
+class StreamError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...

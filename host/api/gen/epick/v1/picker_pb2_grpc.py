@@ -44,6 +44,11 @@ class EndpointPickerStub:
                 request_serializer=epick_dot_v1_dot_picker__pb2.CompletionReport.SerializeToString,
                 response_deserializer=epick_dot_v1_dot_picker__pb2.CompletionAck.FromString,
                 _registered_method=True)
+        self.PickStream = channel.stream_stream(
+                '/epick.v1.EndpointPicker/PickStream',
+                request_serializer=epick_dot_v1_dot_picker__pb2.PickStreamRequest.SerializeToString,
+                response_deserializer=epick_dot_v1_dot_picker__pb2.PickStreamResponse.FromString,
+                _registered_method=True)
 
 
 class EndpointPickerServicer:
@@ -67,6 +72,20 @@ class EndpointPickerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PickStream(self, request_iterator, context):
+        """Many picks and completion reports on one stream, for high-rate gateways (the unary
+        calls above cost a gRPC round trip each). Every request message carries an id of
+        the client's choosing; exactly one response message with that id answers it.
+        Responses come in request order today, but match them by id. A bad message gets a
+        per-message error (the same status codes and texts as the unary calls) and the
+        stream goes on. Flow control is HTTP/2's: epick holds at most a few answers the
+        transport has not taken (16), then stops reading the stream, so a client that
+        stops reading stops being read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EndpointPickerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -79,6 +98,11 @@ def add_EndpointPickerServicer_to_server(servicer, server):
                     servicer.ReportCompletion,
                     request_deserializer=epick_dot_v1_dot_picker__pb2.CompletionReport.FromString,
                     response_serializer=epick_dot_v1_dot_picker__pb2.CompletionAck.SerializeToString,
+            ),
+            'PickStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.PickStream,
+                    request_deserializer=epick_dot_v1_dot_picker__pb2.PickStreamRequest.FromString,
+                    response_serializer=epick_dot_v1_dot_picker__pb2.PickStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -135,6 +159,33 @@ class EndpointPicker:
             '/epick.v1.EndpointPicker/ReportCompletion',
             epick_dot_v1_dot_picker__pb2.CompletionReport.SerializeToString,
             epick_dot_v1_dot_picker__pb2.CompletionAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PickStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/epick.v1.EndpointPicker/PickStream',
+            epick_dot_v1_dot_picker__pb2.PickStreamRequest.SerializeToString,
+            epick_dot_v1_dot_picker__pb2.PickStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

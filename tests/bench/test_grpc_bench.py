@@ -1,0 +1,50 @@
+"""`epick bench pick --grpc` runs every setup and phase and computes every ratio (tiny run)."""
+
+from epick.bench import grpc as bench
+
+
+def test_a_tiny_run_measures_every_setup_phase_and_ratio():
+    setups = bench.measure(sizes=(2,), threads=2, streams=1, window=4, seconds=0.3, rounds=1,
+                           settle_s=0.2)
+    assert [(s.endpoints, s.scrape_ms) for s in setups] == [(2, 50), (2, bench.NO_SCRAPE_MS)]
+    for s in setups:
+        assert set(s.phases) == {"seq_noop", "seq_pick", "par_noop", "par_pick", "stream_pick"}
+        assert all(ph.calls > 0 and ph.rate > 0 for ph in s.phases.values()), s.name
+        assert 0 < s.phases["seq_pick"].p50 <= s.phases["seq_pick"].p99
+        median, mean = s.host_us["total"]
+        assert 0 < median and 0 < mean and {"filter", "score", "pick", "hooks"} <= set(s.host_us)
+    whats = [r.what for r in bench.ratios(setups, (2,), threads=2)]
+    assert whats == [
+        "Pick ÷ no-op p50, 1 client, 2 endpoints",
+        "Pick ÷ no-op p99, 1 client, 2 endpoints",
+        "unary Pick ÷ no-op calls/s, 2 threads, 2 endpoints",
+        "PickStream ÷ unary Pick picks/s, 2 endpoints",
+        "Pick p50 with ÷ without scraping, 1 client, 2 endpoints",
+        "Pick p99 with ÷ without scraping, 1 client, 2 endpoints",
+    ]
+
+
+def test_the_pages_change_on_every_answer_as_a_busy_replicas_do():
+    from epick.bench.pages import page
+
+    assert page(3, 1, "a,b") != page(3, 2, "a,b")
+    assert b'running_lora_adapters="a,b"' in page(3, 1, "a,b")
+
+
+def test_profile_parts_take_the_first_matching_frame_in_their_order(tmp_path):
+    from epick.bench.profile import OTHER, summarize
+
+    raw = tmp_path / "spy.txt"
+    loop = "run (asyncio/base_events.py:1);Handle._run (asyncio/events.py:80)"
+    raw.write_text("\n".join([
+        f"{loop};PickerService.Pick (host/api/picker.py:1);Scheduler.schedule (s.py:1);"
+        "TelemetryRecorder.stages (host/service.py:1) 3",
+        f"{loop};PickerService.Pick (host/api/picker.py:1);Scheduler.schedule (s.py:1);"
+        "WasmPolicy.score (p.py:1) 5",
+        f"{loop};Pool._loop (pool.py:1);Pool._scrape (pool.py:2);parse_metrics (parse.py:1) 2",
+        f"{loop} 10",
+    ]) + "\n")
+    total, shares = summarize(raw)
+    assert total == 20
+    assert dict(shares) == {OTHER: 0.5, "pick: policies score (WASM)": 0.25,
+                            "pick: telemetry": 0.15, "scrape: parse (parse_metrics)": 0.1}
