@@ -169,5 +169,9 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
             request_id=request.request_id,
             endpoint=request.endpoint,
             status=status,
+            prompt_tokens=request.prompt_tokens if request.HasField("prompt_tokens") else None,
+            completion_tokens=(request.completion_tokens
+                               if request.HasField("completion_tokens") else None),
+            ttft_s=request.ttft_seconds if request.HasField("ttft_seconds") else None,
         )
         return picker_pb2.CompletionAck(known=known)

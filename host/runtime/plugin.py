@@ -190,8 +190,10 @@ class WasmPolicy:
         return tuple(compress(candidates, keep.tolist()))
 
     def pre_request(self, cycle: Cycle, endpoint: str) -> None:
-        """Tell the policy ``endpoint`` was picked for ``cycle.request`` (stamped ``now_ms()``)."""
-        event = abi.PreRequestEvent(request=cycle.request, endpoint=endpoint, timestamp_ms=self._now_ms())
+        """Tell the policy ``endpoint`` was picked for ``cycle.request`` (stamped with the
+        cycle's ``now_ms``, else ``now_ms()``)."""
+        event = abi.PreRequestEvent(request=cycle.request, endpoint=endpoint,
+                                    timestamp_ms=cycle.now_ms or self._now_ms())
         self._hook("pre_request", _encode(event))
 
     def post_response(self, event: abi.PostResponseEvent) -> None:

@@ -105,6 +105,10 @@ class Cycle:
     _inputs: dict[tuple[bool, tuple[int, ...]], bytes] = field(default_factory=dict)
     data: dict[str, object] = field(default_factory=dict)
     """Free-form per-cycle data, keyed by plugin name (kube's CycleState)."""
+    now_ms: int = 0
+    """Unix ms of this decision, stamped once by the scheduler so every policy's hooks see
+    the same clock (and a replay of the decision log can give them the same again);
+    0 = not stamped (plugins use their own clock)."""
 
     def score_input(self, candidates: tuple[int, ...], *, inline_snapshot: bool) -> bytes:
         """The msgpack ``ScoreInput`` for these candidates (cached per cycle).

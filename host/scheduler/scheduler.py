@@ -74,6 +74,17 @@ class Recorder(Protocol):
         """One successful cycle's time per stage (hooks include the shadows)."""
 
 
+class DecisionSink(Protocol):
+    """Records decisions and completions (``epick.decisions.DecisionLog``); must not block."""
+
+    def decision(self, decision: Decision, cycle: Cycle, policies: PolicySet,
+                 candidates: tuple[int, ...], scores: dict[str, np.ndarray],
+                 shadow_scores: dict[str, np.ndarray], picked: list[int]) -> None: ...
+    def completion(self, decision_id: str, event: abi.PostResponseEvent, endpoint: str,
+                   prompt_tokens: int | None, completion_tokens: int | None,
+                   ttft_s: float | None) -> None: ...
+
+
 class _NullRecorder:
     def policy_error(self, error: PluginError) -> None:
         pass
@@ -162,6 +173,9 @@ class Scheduler:
         self._by_request: dict[str, str] = {}
         self._ids = itertools.count(1)
         self._boot = os.urandom(4).hex()
+        #: Where decisions and completions are recorded (``epick.decisions.DecisionLog``);
+        #: ``None`` = not recorded. Its methods only enqueue: they never block a pick.
+        self.decisions: DecisionSink | None = None
 
     # -- the cycle -----------------------------------------------------------------
 
@@ -176,7 +190,8 @@ class Scheduler:
         t_start = perf()
         pool = self._pool()
         policies = self.policies  # one read: a concurrent swap cannot split this pick
-        cycle = Cycle(pool=pool, request=request)
+        cycle = Cycle(pool=pool, request=request, now_ms=int(self._wall_clock() * 1000))
+        sink = self.decisions
         endpoints = pool.snapshot.endpoints
         candidates = tuple(range(len(endpoints)))
         why: dict[int, str] | None = {} if explain else None
@@ -227,7 +242,7 @@ class Scheduler:
             if not getattr(entry.plugin, "clamps_scores", False):
                 scores = np.clip(scores, 0.0, 1.0)
             totals += entry.weight * scores
-            if explain:
+            if explain or sink is not None:
                 per_policy[entry.name] = scores
 
         t_scored = perf()
@@ -257,6 +272,9 @@ class Scheduler:
             snapshot_version=pool.version,
             skipped=skipped,
         )
+        if sink is not None:
+            sink.decision(decision, cycle, policies, candidates, per_policy, shadow_scores,
+                          picked)
         if explain:
             decision.explanation = self._explain(
                 endpoints, candidates, totals, per_policy, order, why or {}, shadow_scores
@@ -353,10 +371,14 @@ class Scheduler:
         request_id: str = "",
         endpoint: str = "",
         status: int = abi.CompletionStatus.OK,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        ttft_s: float | None = None,
     ) -> bool:
         """Run the post_response hooks for a finished request; False if the id is unknown.
 
         Idempotent: a second report for the same decision is unknown and does nothing.
+        The token counts and TTFT only go to the decision log.
         """
         if not decision_id and request_id:
             decision_id = self._by_request.get(request_id, "")
@@ -375,6 +397,9 @@ class Scheduler:
             timestamp_ms=int(self._wall_clock() * 1000),
             model=rec.model,
         )
+        if self.decisions is not None:
+            self.decisions.completion(decision_id, event, endpoint, prompt_tokens,
+                                      completion_tokens, ttft_s)
         for entry in self.policies.post_response:
             try:
                 entry.plugin.post_response(event)

@@ -1,0 +1,72 @@
+"""What the log keeps of a request's prompt, and how a replay gives policies a prompt back.
+
+In ``hashes`` mode the log keeps the prompt's block hash chain, the one the prefix-cache
+policy computes (policies/ABI.md, DESIGN "Prefix cache"): blocks of ``block_bytes``
+bytes, a trailing partial block ignored, at most ``max_blocks``;
+h0 = xxh64(model ‖ 0x00 ‖ salt ‖ 0x00 ‖ block0) with a salt, xxh64(model ‖ block0)
+without; hi = xxh64(block_i ‖ le64(h(i−1))).
+
+A replay cannot invert hashes, so :func:`synthetic_prompt` builds a stand-in: one
+``block_bytes``-byte block per recorded hash, derived from that hash. Two stand-ins share
+their first k blocks exactly when the real prompts did (same model, salt and first
+k blocks), so a prefix policy with the same block size scores them as it scored the real
+ones (up to 64-bit hash collisions). Policies that read the prompt's text itself need
+``prompt = "full"``.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import xxhash
+
+__all__ = ["block_hashes", "pack_hashes", "unpack_hashes", "synthetic_prompt"]
+
+
+def block_hashes(model: str, salt: str, prompt: str, block_bytes: int,
+                 max_blocks: int) -> list[int]:
+    """The prompt's block hash chain (see the module docstring)."""
+    data = prompt.encode()
+    n = min(len(data) // block_bytes, max_blocks)
+    out: list[int] = []
+    if n == 0:
+        return out
+    head = model.encode() + (b"\0" + salt.encode() + b"\0" if salt else b"")
+    h = xxhash.xxh64_intdigest(head + data[:block_bytes])
+    out.append(h)
+    pack = struct.Struct("<Q").pack
+    for i in range(1, n):
+        h = xxhash.xxh64_intdigest(data[i * block_bytes:(i + 1) * block_bytes] + pack(h))
+        out.append(h)
+    return out
+
+
+def pack_hashes(hashes: list[int]) -> bytes:
+    return struct.pack(f"<{len(hashes)}Q", *hashes)
+
+
+def unpack_hashes(blob: bytes) -> tuple[int, ...]:
+    if len(blob) % 8:
+        raise ValueError(f"block hashes: {len(blob)} bytes is not a multiple of 8")
+    return struct.unpack(f"<{len(blob) // 8}Q", blob)
+
+
+def synthetic_prompt(hashes: tuple[int, ...], block_bytes: int, prompt_bytes: int = 0) -> str:
+    """A prompt whose blocks stand for ``hashes`` (one block per hash, ASCII).
+
+    ``prompt_bytes`` pads the end (with a partial block that no policy hashes) so the
+    stand-in is as long as the real prompt was, for token estimates.
+    """
+    parts = []
+    for h in hashes:
+        word = f"{h:016x}"
+        parts.append((word * (block_bytes // 16 + 1))[:block_bytes])
+    text = "".join(parts)
+    short = prompt_bytes - len(text)
+    if short > 0:
+        # Less than one block of filler: no policy hashes a trailing partial block.
+        text += "." * min(short, block_bytes - 1)
+        short = prompt_bytes - len(text)
+        if short > 0:  # the real prompt had more full blocks than max_blocks
+            text += " " * short
+    return text
