@@ -23,6 +23,11 @@ import xxhash
 __all__ = ["block_hashes", "pack_hashes", "unpack_hashes", "synthetic_prompt"]
 
 
+# Shared prefixes repeat blocks across requests: build each stand-in block once.
+_BLOCKS: dict[int, dict[int, str]] = {}
+_BLOCK_CACHE = 1 << 18
+
+
 def block_hashes(model: str, salt: str, prompt: str, block_bytes: int,
                  max_blocks: int) -> list[int]:
     """The prompt's block hash chain (see the module docstring)."""
@@ -57,10 +62,16 @@ def synthetic_prompt(hashes: tuple[int, ...], block_bytes: int, prompt_bytes: in
     ``prompt_bytes`` pads the end (with a partial block that no policy hashes) so the
     stand-in is as long as the real prompt was, for token estimates.
     """
+    cache = _BLOCKS.get(block_bytes)
+    if cache is None or len(cache) > _BLOCK_CACHE:
+        cache = _BLOCKS[block_bytes] = {}
     parts = []
     for h in hashes:
-        word = f"{h:016x}"
-        parts.append((word * (block_bytes // 16 + 1))[:block_bytes])
+        block = cache.get(h)
+        if block is None:
+            word = f"{h:016x}"
+            block = cache[h] = (word * (block_bytes // 16 + 1))[:block_bytes]
+        parts.append(block)
     text = "".join(parts)
     short = prompt_bytes - len(text)
     if short > 0:

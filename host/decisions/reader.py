@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -62,38 +63,55 @@ def read_file(path: Path, *, partial_tail: bool = True) -> Iterator[schema.Recor
     if not data.startswith(schema.MAGIC):
         raise LogError(path, 0, f"not an epick decision log (starts with {data[:8]!r}, "
                        f"expected {schema.MAGIC!r})")
-    pos = len(schema.MAGIC)
+    first = True
+    for offset, rec in _frames(path, data, len(schema.MAGIC), partial_tail, None):
+        if first and not isinstance(rec, schema.Header):
+            raise LogError(path, offset, f"the first record is {type(rec).__name__}, "
+                           "expected a header")
+        first = False
+        if isinstance(rec, schema.Header) and rec.schema != schema.SCHEMA:
+            raise LogError(path, offset, f"schema {rec.schema}; this epick reads schema "
+                           f"{schema.SCHEMA}")
+        yield rec
+
+
+def _frames(path: Path, data: bytes, pos: int, partial_tail: bool,
+            chunk_at: int | None) -> Iterator[tuple[int, schema.Record]]:
+    """(file offset, record) for each frame of ``data`` from ``pos``; chunks expanded.
+
+    Inside a chunk (``chunk_at`` = its file offset) every offset reported is the chunk's.
+    """
     end = len(data)
     decode = schema.decoder.decode
     view = memoryview(data)
     while pos < end:
-        if pos + 4 > end:
-            if partial_tail:
-                log.warning("%s: truncated frame at byte %d ignored", path, pos)
-                return
-            raise LogError(path, pos, "truncated frame header")
-        (n,) = _FRAME.unpack_from(data, pos)
-        if n > MAX_RECORD_BYTES:
-            raise LogError(path, pos, f"frame of {n} bytes: corrupt")
-        if pos + 4 + n > end:
-            if partial_tail:
+        at = pos if chunk_at is None else chunk_at
+        if pos + 4 > end or pos + 4 + (_FRAME.unpack_from(data, pos)[0]
+                                       & ~schema.CHUNK_FLAG) > end:
+            if partial_tail and chunk_at is None:
                 log.warning("%s: truncated record at byte %d ignored", path, pos)
                 return
-            raise LogError(path, pos, f"record of {n} bytes runs past the end")
-        try:
-            rec = decode(view[pos + 4:pos + 4 + n])
-        except msgspec.ValidationError as exc:
-            raise LogError(path, pos, f"invalid record: {exc}") from None
-        except msgspec.DecodeError as exc:
-            raise LogError(path, pos, f"not msgpack: {exc}") from None
-        if pos == len(schema.MAGIC) and not isinstance(rec, schema.Header):
-            raise LogError(path, pos, f"the first record is {type(rec).__name__}, "
-                           "expected a header")
-        if isinstance(rec, schema.Header) and rec.schema != schema.SCHEMA:
-            raise LogError(path, pos, f"schema {rec.schema}; this epick reads schema "
-                           f"{schema.SCHEMA}")
-        yield rec
-        pos += 4 + n
+            raise LogError(path, at, "truncated record")
+        (n,) = _FRAME.unpack_from(data, pos)
+        body = view[pos + 4:pos + 4 + (n & ~schema.CHUNK_FLAG)]
+        if n & schema.CHUNK_FLAG:
+            if chunk_at is not None:
+                raise LogError(path, at, "a chunk inside a chunk: corrupt")
+            try:
+                inner = zlib.decompress(body)
+            except zlib.error as exc:
+                raise LogError(path, at, f"corrupt chunk: {exc}") from None
+            yield from _frames(path, inner, 0, False, pos)
+        else:
+            if n > MAX_RECORD_BYTES:
+                raise LogError(path, at, f"frame of {n} bytes: corrupt")
+            try:
+                yield at, decode(body)
+            except msgspec.ValidationError as exc:
+                raise LogError(path, at, f"invalid record: {exc}") from None
+            except msgspec.DecodeError as exc:
+                raise LogError(path, at, f"not msgpack: {exc}") from None
+        pos += 4 + (n & ~schema.CHUNK_FLAG)
 
 
 def read(paths: Iterable[str | Path]) -> Iterator[tuple[Path, schema.Record]]:

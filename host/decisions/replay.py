@@ -123,6 +123,8 @@ class ReplayReport(msgspec.Struct):
     """[recorded, replayed]: mean number of endpoints each adapter's requests went to."""
     most_changed: list[ChangedDecision] = []
     seconds: float = 0.0
+    """Time spent replaying, module compilation excluded (``compile_seconds``)."""
+    compile_seconds: float = 0.0
     decisions_per_s: float = 0.0
 
 
@@ -149,8 +151,10 @@ class _Locality:
             self.hit_sum += k / len(hashes)
             self.hit_n += 1
             for h in hashes:
-                lru[h] = None
-                lru.move_to_end(h)
+                if h in lru:
+                    lru.move_to_end(h)
+                else:
+                    lru[h] = None
             while len(lru) > LOCALITY_LRU_BLOCKS:
                 lru.popitem(last=False)
         if adapter:
@@ -220,6 +224,7 @@ class Replayer:
         self._changed: list[tuple[float, int, ChangedDecision]] = []
         self._spread: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         self._seconds = 0.0
+        self._compile_s = 0.0
         self.r = ReplayReport()
 
     # -- records ------------------------------------------------------------------------
@@ -304,10 +309,13 @@ class Replayer:
                 f"built-in; give it with --policy {name}=FILE.wasm or --modules DIR")
         from epick.runtime import PolicyError
 
+        t0 = time.perf_counter()
         try:
             mod = self.runtime.compile(wasm, name=name)
         except PolicyError as exc:
             raise ReplayError(f"policy {name!r}: {exc}") from None
+        finally:
+            self._compile_s += time.perf_counter() - t0
         self._compiled[sha] = mod
         return mod
 
@@ -338,6 +346,14 @@ class Replayer:
             wanted.append((ref.name, sha, params, ch.weights.get(ref.name, ref.weight),
                            ref.shadow))
         recorded = {ref.name for ref in refs}
+        known = recorded | set(ch.modules)
+        for option, names in (("--weights", ch.weights), ("--params", ch.params)):
+            for name in names:
+                if name not in known:
+                    raise ReplayError(
+                        f"{option} names policy {name!r}, which is neither in the log's "
+                        f"policy set ({', '.join(sorted(recorded))}) nor added with "
+                        f"--policy {name}=FILE.wasm")
         for name, (wasm, _source) in ch.modules.items():
             if name not in recorded:
                 sha = hashlib.sha256(wasm).hexdigest()
@@ -513,8 +529,9 @@ class Replayer:
         r.adapter_resident = [self._rec_loc.resident_share(), self._rep_loc.resident_share()]
         r.endpoints_per_adapter = [self._rec_loc.per_adapter(), self._rep_loc.per_adapter()]
         r.most_changed = [e[2] for e in sorted(self._changed, key=lambda e: (-e[0], e[1]))]
-        r.seconds = self._seconds
-        r.decisions_per_s = r.decisions / self._seconds if self._seconds else 0.0
+        r.compile_seconds = self._compile_s
+        r.seconds = self._seconds - self._compile_s
+        r.decisions_per_s = r.decisions / r.seconds if r.seconds > 0 else 0.0
         return r
 
 
@@ -526,7 +543,8 @@ def replay(paths: list[str | Path], changes: Changes | None = None, *, runtime=N
 
     own = runtime is None
     if own:
-        runtime = Runtime(Limits(budget_ms=100.0))
+        # The service's compiled-module cache; a generous budget: a replay is offline.
+        runtime = Runtime(Limits(budget_ms=100.0), cache_dir=Path.home() / ".cache" / "epick")
     replayer = Replayer(runtime, changes, top=top, modules=modules)
     try:
         files = log_files(paths)

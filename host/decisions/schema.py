@@ -1,7 +1,9 @@
 """The decision log's records, version 1: the schema, defined once (policies/DECISIONS.md).
 
 A log file is ``MAGIC`` followed by frames; a frame is a little-endian u32 length and one
-msgpack record of that many bytes. Each record is an array whose first element names its
+msgpack record of that many bytes. A length with :data:`CHUNK_FLAG` set is a chunk
+instead: that many bytes of zlib data holding more frames (the writer compresses each
+batch). Each record is an array whose first element names its
 kind (a msgspec tagged union). A file is self-contained: it starts with a :class:`Header`,
 and every module, policy set and snapshot a decision refers to is written earlier in the
 same file, once.
@@ -17,6 +19,7 @@ import msgspec
 __all__ = [
     "MAGIC",
     "SCHEMA",
+    "CHUNK_FLAG",
     "Header",
     "Module",
     "PolicyRef",
@@ -34,6 +37,8 @@ __all__ = [
 
 #: The first bytes of every decision log file (format name and schema major version).
 MAGIC = b"EPICKDL1"
+#: Set in a frame's length: the frame is a zlib chunk of frames, not one record.
+CHUNK_FLAG = 1 << 31
 #: Version of the record layouts below.
 SCHEMA = 1
 

@@ -30,6 +30,7 @@ import logging
 import struct
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -78,6 +79,8 @@ class DecisionLog:
     modules:
         Where to find a module's bytes by sha256, to embed it in the log
         (:meth:`add_module` adds more); the built-in policies are always found.
+    compress:
+        Write each batch as one zlib chunk of frames (``schema.CHUNK_FLAG``).
     opener:
         Opens a new file for writing (a seam for tests of failing disks).
     """
@@ -97,6 +100,7 @@ class DecisionLog:
         queue: int = 10_000,
         flush_interval_s: float = 0.2,
         embed_modules: bool = True,
+        compress: bool = True,
         opener: Callable[[Path], BinaryIO] = _open_new,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -116,6 +120,7 @@ class DecisionLog:
         self.max_queue = queue
         self.flush_interval_s = flush_interval_s
         self.embed_modules = embed_modules
+        self.compress = compress
         self._opener = opener
         self._wall_clock = wall_clock
         self._queue: deque = deque()
@@ -141,6 +146,7 @@ class DecisionLog:
         self._last_prune = 0.0
         self._header_written = False
         self._lost_noted = 0
+        self._prune_due = False
         self._dropped_full = telemetry.DECISION_LOG_DROPPED.labels("queue-full")
         self._dropped_error = telemetry.DECISION_LOG_DROPPED.labels("write-error")
         self._records = {k: telemetry.DECISION_LOG_RECORDS.labels(k)
@@ -281,6 +287,11 @@ class DecisionLog:
         if not kinds and not buf:
             return
         f = self._file
+        if self.compress and buf:
+            # One zlib chunk per batch: shared prompt prefixes repeat the same hashes
+            # across records (zlib releases the GIL while it works).
+            packed = zlib.compress(bytes(buf), 3)
+            buf = bytearray(_FRAME.pack(len(packed) | schema.CHUNK_FLAG)) + packed
         try:
             if f is None:
                 raise OSError("no open file")
@@ -316,6 +327,7 @@ class DecisionLog:
         if self._file_started and self.path.exists():
             self._rename_aside(self._file_started)
             self._segment += 1
+            self._prune_due = True
         try:
             self._file = self._opener(self.path)
             self._file.write(schema.MAGIC)
@@ -349,9 +361,10 @@ class DecisionLog:
 
     def _maybe_prune(self) -> None:
         now = self._wall_clock()
-        if now - self._last_prune < 10.0 and self._size < self.max_file_bytes:
+        if not self._prune_due and now - self._last_prune < 10.0:
             return
         self._last_prune = now
+        self._prune_due = False
         files = segments(self.path)
         rotated = [p for p in files if p != self.path]
         try:
