@@ -20,6 +20,9 @@ EXPECTED = {
     "epick_snapshot_endpoints": ("gauge", ()),
     "epick_shadow_agreement": ("counter", ("policy", "agree")),
     "epick_shadow_score_delta": ("histogram", ("policy",)),
+    "epick_decision_log_records": ("counter", ("kind",)),
+    "epick_decision_log_dropped": ("counter", ("reason",)),
+    "epick_decision_log_bytes": ("counter", ()),
 }
 
 
