@@ -14,6 +14,7 @@ child and is stopped before it returns.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import tempfile
@@ -69,9 +70,11 @@ async def _read_ready(lines: BufferedByteReceiveStream, marker: str, count: int,
     return found
 
 
-def _epick_config(addresses: list[str]) -> str:
+def _epick_config(addresses: list[str], decisions_log: Path | None = None) -> str:
     lines = ["version = 1", "[server]", 'listen = "127.0.0.1:0"',
              'metrics_listen = "127.0.0.1:0"', "[admin]", 'listen = ""']
+    if decisions_log is not None:
+        lines += ["[decisions]", f"log = {json.dumps(str(decisions_log.resolve()))}"]
     for a in addresses:
         lines += ["[[pool.endpoints]]", f'address = "{a}"']
     for p in ("load", "prefix-cache", "lora-affinity"):
@@ -188,7 +191,7 @@ async def demo(args: argparse.Namespace, console: Console) -> dict:
             addresses = await _read_ready(BufferedByteReceiveStream(fleet.stdout), "READY",
                                           args.replicas, timeout=60)
             config = Path(tmp) / "epick.toml"
-            config.write_text(_epick_config(addresses))
+            config.write_text(_epick_config(addresses, args.decisions_log))
             epick = await anyio.open_process(
                 [py, "-m", "epick.cli", "--log-level", "WARNING", "serve", "--config",
                  str(config)], stderr=sys.stderr)
@@ -330,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adapters", type=int, default=8)
     ap.add_argument("--max-lora", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--decisions-log", type=Path, metavar="PATH",
+                    help="record every decision here, for `epick replay PATH`")
     args = ap.parse_args(argv)
     console = Console() if sys.stdout.isatty() else Console(width=130)
     try:
@@ -359,4 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)
+    if args.decisions_log is not None:
+        console.print(f"decision log: {args.decisions_log} — try "
+                      f"`epick replay {args.decisions_log} --weights load=3`")
     return 0 if s["status"].get(200, 0) > 0 else 1

@@ -56,11 +56,15 @@ def unpack_hashes(blob: bytes) -> tuple[int, ...]:
     return struct.unpack(f"<{len(blob) // 8}Q", blob)
 
 
-def synthetic_prompt(hashes: tuple[int, ...], block_bytes: int, prompt_bytes: int = 0) -> str:
+def synthetic_prompt(hashes: tuple[int, ...], block_bytes: int, prompt_bytes: int = 0,
+                     tail: str = "") -> str:
     """A prompt whose blocks stand for ``hashes`` (one block per hash, ASCII).
 
-    ``prompt_bytes`` pads the end (with a partial block that no policy hashes) so the
-    stand-in is as long as the real prompt was, for token estimates.
+    ``prompt_bytes`` pads the end so the stand-in is as long as the real prompt was, for
+    token estimates: full blocks past the recorded ones (the real prompt had more than
+    ``max_blocks``) are made unique with ``tail`` (say, the decision id) — whether the
+    real ones were shared is unknown, so none is assumed — then a partial block of
+    filler, which no policy hashes.
     """
     cache = _BLOCKS.get(block_bytes)
     if cache is None or len(cache) > _BLOCK_CACHE:
@@ -72,12 +76,11 @@ def synthetic_prompt(hashes: tuple[int, ...], block_bytes: int, prompt_bytes: in
             word = f"{h:016x}"
             block = cache[h] = (word * (block_bytes // 16 + 1))[:block_bytes]
         parts.append(block)
-    text = "".join(parts)
-    short = prompt_bytes - len(text)
-    if short > 0:
-        # Less than one block of filler: no policy hashes a trailing partial block.
-        text += "." * min(short, block_bytes - 1)
-        short = prompt_bytes - len(text)
-        if short > 0:  # the real prompt had more full blocks than max_blocks
-            text += " " * short
-    return text
+    size = len(parts) * block_bytes
+    extra = max(0, prompt_bytes - size) // block_bytes
+    for i in range(extra):
+        parts.append(f"~{tail}~{i}~".ljust(block_bytes, "~")[-block_bytes:])
+    size += extra * block_bytes
+    if prompt_bytes > size:
+        parts.append("." * (prompt_bytes - size))
+    return "".join(parts)
