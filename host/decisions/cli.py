@@ -104,6 +104,9 @@ def render(r: ReplayReport, console) -> None:
         notes.append(f"{r.restarts} service restart(s) in the log (policies start fresh)")
     if r.lost_records:
         notes.append(f"{r.lost_records} record(s) were dropped by the live writer")
+    if r.live_recoveries:
+        notes.append(f"{r.live_recoveries} live policy re-creation(s) after a trap or "
+                     "timeout (state back to its checkpoint), mirrored in the replay")
     if r.live_failures:
         notes.append(f"{r.live_failures} decision(s) had a live policy failure")
     if r.replay_failed:

@@ -104,6 +104,9 @@ class ReplayReport(msgspec.Struct):
     replay_policy_errors: dict[str, int] = {}
     lost_records: int = 0
     """Records the live writer dropped (gaps in the log)."""
+    live_recoveries: int = 0
+    """Times a live policy instance was re-created after a trap or timeout (its state
+    went back to its last checkpoint); the replay does the same at the same place."""
     unknown_completions: int = 0
     cold_start: bool = False
     """The log starts mid-run: policies' state before it is unknown."""
@@ -214,6 +217,7 @@ class Replayer:
         self._snapshots: dict[int, tuple[PoolSnapshot, dict[str, tuple[str, ...]]]] = {}
         self._policy_sets: dict[int, tuple[schema.PolicyRef, ...]] = {}
         self._current_refs: tuple[schema.PolicyRef, ...] | None = None
+        self._rec_weights: dict[str, float] = {}
         self._applied: dict[str, tuple[str, dict]] = {}
         self._ids: dict[str, str] = {}
         self._now_s = 0.0
@@ -245,6 +249,11 @@ class Replayer:
             self._start(rec)
         elif isinstance(rec, schema.Gap):
             self.r.lost_records += rec.lost
+        elif isinstance(rec, schema.Checkpoint):
+            self._plugin_call(rec.policy, "checkpoint")
+        elif isinstance(rec, schema.Recovered):
+            self.r.live_recoveries += 1
+            self._plugin_call(rec.policy, "recover")
         self._seconds += time.perf_counter() - t0
 
     def _start(self, h: schema.Header) -> None:
@@ -386,12 +395,23 @@ class Replayer:
                 self._applied.pop(e.name, None)
         sched.policies = PolicySet(tuple(entries))
         self._current_refs = refs
+        self._rec_weights = {r.name: r.weight for r in refs if not r.shadow}
         self.r.recorded_policies = [
             f"{r.name} w={r.weight:g}{' shadow' if r.shadow else ''} {r.sha256[:12]}"
             for r in refs]
         self.r.replayed_policies = [
             f"{n} w={w:g}{' shadow' if s else ''} {sha[:12]}"
             + (f" params={p}" if p else "") for n, sha, p, w, s in wanted]
+
+    def _plugin_call(self, name: str, what: str) -> None:
+        sched = self._scheduler
+        if sched is None or name not in sched.policies:
+            return
+        plugin = sched.policies.get(name).plugin
+        if what == "checkpoint" and hasattr(plugin, "checkpoint"):
+            plugin.checkpoint(force=True)
+        elif what == "recover" and hasattr(plugin, "recover"):
+            plugin.recover()
 
     def _close_policies(self) -> None:
         if self._scheduler is None:
@@ -490,7 +510,9 @@ class Replayer:
                        if blob is not None and p is not None else None)
                 why[name] = [was, rec_row.scores.get(name) if rec_row else None,
                              rep_row.scores.get(name)]
-            why["total"] = [None, rec_row.total if rec_row else None, rep_row.total]
+            was_total = sum(w * why[n][0] for n, w in self._rec_weights.items()
+                            if n in why and why[n][0] is not None)
+            why["total"] = [was_total, rec_row.total if rec_row else None, rep_row.total]
             self._note_changed(rec, recorded[0], replayed[0], margin, why)
 
     def _note_changed(self, rec, recorded: str, replayed: str, margin: float, why) -> None:

@@ -30,6 +30,8 @@ __all__ = [
     "DecisionRec",
     "CompletionRec",
     "Gap",
+    "Checkpoint",
+    "Recovered",
     "Record",
     "encoder",
     "decoder",
@@ -171,7 +173,23 @@ class Gap(_Rec, tag="gap"):
     lost: int
 
 
-Record = Header | Module | Policies | SnapshotRec | DecisionRec | CompletionRec | Gap
+class Checkpoint(_Rec, tag="checkpoint"):
+    """A live policy captured its last good state here (before the next record)."""
+
+    policy: str
+
+
+class Recovered(_Rec, tag="recovered"):
+    """A live policy's instance was re-created after a trap or timeout, back to its last
+    checkpoint, during the next decision (or completion). A replay does the same there."""
+
+    policy: str
+    recoveries: int
+    """The policy's total so far."""
+
+
+Record = (Header | Module | Policies | SnapshotRec | DecisionRec | CompletionRec | Gap
+          | Checkpoint | Recovered)
 
 encoder = msgspec.msgpack.Encoder()
 decoder = msgspec.msgpack.Decoder(Record)

@@ -58,6 +58,15 @@ def segments(path: Path) -> list[Path]:
     return rotated + ([path] if path.exists() else [])
 
 
+def _marks(policies) -> tuple[tuple[int, int], ...]:
+    """Per policy (recoveries, checkpoints) now: where a replay must mirror them."""
+    out = []
+    for e in policies.entries:
+        st = getattr(e.plugin, "stats", None)
+        out.append((st.recoveries, st.checkpoints) if st is not None else (0, 0))
+    return tuple(out)
+
+
 def _open_new(path: Path) -> BinaryIO:
     return open(path, "wb")
 
@@ -147,6 +156,7 @@ class DecisionLog:
         self._header_written = False
         self._lost_noted = 0
         self._prune_due = False
+        self._seen_marks: dict[object, tuple[int, int]] = {}
         self._dropped_full = telemetry.DECISION_LOG_DROPPED.labels("queue-full")
         self._dropped_error = telemetry.DECISION_LOG_DROPPED.labels("write-error")
         self._records = {k: telemetry.DECISION_LOG_RECORDS.labels(k)
@@ -210,7 +220,7 @@ class DecisionLog:
             return
         self._enqueued += 1
         self._queue.append((decision, cycle.request, cycle.pool, cycle.now_ms, policies,
-                            candidates, scores, shadow_scores, picked))
+                            candidates, scores, shadow_scores, picked, _marks(policies)))
 
     def completion(self, decision_id, event, endpoint, prompt_tokens, completion_tokens,
                    ttft_s) -> None:
@@ -219,8 +229,9 @@ class DecisionLog:
             self._dropped_full.inc()
             return
         self._enqueued += 1
+        policies = self._scheduler.policies if self._scheduler is not None else None
         self._queue.append((decision_id, event, endpoint, prompt_tokens, completion_tokens,
-                            ttft_s))
+                            ttft_s, policies, _marks(policies) if policies else ()))
 
     # -- the writer thread ----------------------------------------------------------------
 
@@ -257,7 +268,7 @@ class DecisionLog:
                     return
             self._gap(buf)
             try:
-                if len(item) == 9:
+                if len(item) == 10:
                     self._encode_decision(buf, item)
                     kinds.append("decision")
                 else:
@@ -437,6 +448,22 @@ class DecisionLog:
         self._written_policies = policies
         return self._policies_id
 
+    def _marks(self, buf: bytearray, policies, marks) -> None:
+        """Checkpoint and Recovered records for what changed since the previous record.
+
+        Checkpoints run between picks (the service's background task), recoveries inside
+        a call: so a checkpoint goes before the record that noticed it, and so does a
+        recovery (the replay re-creates the instance before that decision's calls).
+        """
+        seen = self._seen_marks
+        for e, (recoveries, checkpoints) in zip(policies.entries, marks):
+            was_r, was_c = seen.get(e.plugin, (0, 0))
+            if checkpoints != was_c:
+                self._frame(buf, schema.Checkpoint(policy=e.name))
+            if recoveries != was_r:
+                self._frame(buf, schema.Recovered(policy=e.name, recoveries=recoveries))
+            seen[e.plugin] = (recoveries, checkpoints)
+
     def _snapshot(self, buf: bytearray, pool) -> None:
         if pool is self._written_pool or pool.version in self._written_versions:
             return
@@ -473,10 +500,11 @@ class DecisionLog:
 
     def _encode_decision(self, buf: bytearray, item) -> None:
         (decision, request, pool, now_ms, policies, candidates, scores, shadow_scores,
-         picked) = item
+         picked, marks) = item
         if not self._header_written:
             self._header(buf, decision.decision_id, first_is_decision=True)
         pid = self._policies(buf, policies)
+        self._marks(buf, policies, marks)
         self._snapshot(buf, pool)
         packed = {name: np.asarray(s, dtype="<f4").tobytes() for name, s in scores.items()}
         for name, s in shadow_scores.items():
@@ -488,9 +516,12 @@ class DecisionLog:
         ))
 
     def _encode_completion(self, buf: bytearray, item) -> None:
-        decision_id, event, endpoint, prompt_tokens, completion_tokens, ttft_s = item
+        (decision_id, event, endpoint, prompt_tokens, completion_tokens, ttft_s, policies,
+         marks) = item
         if not self._header_written:
             self._header(buf, decision_id, first_is_decision=False)
+        if policies is not None:
+            self._marks(buf, policies, marks)
         self._frame(buf, schema.CompletionRec(
             id=decision_id, t_ms=event.timestamp_ms, status=int(event.status),
             endpoint=endpoint, prompt_tokens=prompt_tokens,

@@ -291,13 +291,22 @@ class WasmPolicy:
         if self._checkpoint_on_hooks:
             self._maybe_checkpoint()
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, force: bool = False) -> None:
         """Capture the last good state now if it is due (interval passed, state changed).
 
         For owners that pass ``checkpoint_on_hooks=False`` to keep the export off the
         request path: the service calls this from a background task once a second.
+        ``force`` captures now, due or not (a replay mirroring a live checkpoint).
         """
+        if force:
+            self._dirty = True
+            self._last_checkpoint = float("-inf")
         self._maybe_checkpoint()
+
+    def recover(self) -> None:
+        """Re-create the instance from the last good state now, as a trap does (a replay
+        mirroring a live recovery)."""
+        self._recover()
 
     def _retry(self, stage: str, first: PolicyTimeout, t0: int, once: Callable[..., Any], *args: Any) -> Any:
         """Re-run a timed-out call once on a re-created instance (see module docstring)."""
@@ -382,3 +391,4 @@ class WasmPolicy:
         self._checkpoint_gap_s = max(self._checkpoint_interval_s, cost / CHECKPOINT_SHARE)
         self._last_checkpoint = now
         self._dirty = False
+        self.stats.checkpoints += 1

@@ -18,13 +18,14 @@ class PolicyStats:
     were clamped. ``recoveries`` counts instance re-creations after a trap or timeout;
     ``timeout_retries`` the timed-out calls retried once on a re-created instance (a
     preempted thread can overrun a wall-clock budget; see ``WasmPolicy``).
+    ``checkpoints`` counts last-good-state captures (a recovery goes back to the latest).
     ``p50_us``/``p99_us`` are over the last ``window`` calls that reached the guest
     (host-side work included); 0.0 before the first.
     """
 
     __slots__ = (
         "calls", "errors", "errors_by_kind", "out_of_range", "recoveries", "timeout_retries",
-        "_latency_ns",
+        "checkpoints", "_latency_ns",
     )
 
     def __init__(self, window: int = 1024) -> None:
@@ -34,6 +35,7 @@ class PolicyStats:
         self.out_of_range = 0
         self.recoveries = 0
         self.timeout_retries = 0
+        self.checkpoints = 0
         self._latency_ns: deque[int] = deque(maxlen=window)
 
     def succeeded(self, elapsed_ns: int) -> None:

@@ -204,3 +204,51 @@ def test_only_listed_headers_and_the_chosen_prompt_form_are_recorded(tmp_path, s
 def test_bad_settings_are_refused_with_the_value(tmp_path):
     with pytest.raises(ValueError, match="prompt 'text': expected hashes, full or none"):
         DecisionLog(tmp_path / "d.log", prompt="text")
+
+
+def test_live_checkpoints_and_recoveries_are_mirrored_by_the_replay(tmp_path, runtime):
+    """A recovery rolls a policy back to its checkpoint; the replay rolls back there too."""
+    from epick.config import resolve_module
+    from epick.decisions.writer import _FRAME
+
+    mod = runtime.compile(resolve_module("prefix-cache").read_bytes(), name="prefix-cache")
+    prefix = WasmPolicy(mod, name="prefix-cache", checkpoint_on_hooks=False)
+    pool = PoolSnapshot.build(abi.Snapshot(version=1, timestamp_ms=1, endpoints=tuple(
+        abi.EndpointMetrics(address=f"10.0.0.{i}:8000") for i in range(4))))
+    s = Scheduler(lambda: pool, PolicySet.of(PolicyEntry("prefix-cache", prefix)))
+    path = tmp_path / "d.log"
+    log = DecisionLog(path, flush_interval_s=0.005).attach(s).start()
+
+    def ask(i: int, tenant: int) -> None:
+        s.schedule(abi.Request(model="m", seed=i, prompt=f"tenant {tenant} " * 40 + str(i)))
+
+    try:
+        for i in range(6):
+            ask(i, i % 3)
+        prefix.checkpoint(force=True)  # what the service's checkpoint task does
+        for i in range(6, 12):
+            ask(i, 3 + i % 3)  # new tenants: their prefixes are not in the checkpoint
+        prefix.recover()  # what a trap does: back to the checkpoint
+        for i in range(12, 24):
+            ask(i, 3 + i % 3)
+    finally:
+        log.close()
+        prefix.close()
+    records = list(read_file(path))
+    kinds = [type(r).__name__ for r in records if not isinstance(r, schema.DecisionRec)]
+    assert "Checkpoint" in kinds and kinds.count("Recovered") == 1
+
+    r = replay([path], runtime=runtime)
+    assert r.live_recoveries == 1 and r.agreement == 1.0
+    assert all(d.changed == 0 for d in r.score_deltas)
+
+    # Without the recovery the replay's prefix cache remembers what the live one forgot.
+    stripped = tmp_path / "no-recovery.log"
+    with open(stripped, "wb") as f:
+        f.write(schema.MAGIC)
+        for x in records:
+            if not isinstance(x, schema.Recovered):
+                blob = schema.encoder.encode(x)
+                f.write(_FRAME.pack(len(blob)) + blob)
+    other = replay([stripped], runtime=runtime)
+    assert next(d for d in other.score_deltas if d.policy == "prefix-cache").changed > 0
