@@ -2,6 +2,7 @@
 
     epick bench pick [--grpc]     per-pick cost: in process (WASM vs Python) or over gRPC
     epick bench quality           routing quality on the simulated fleet
+    epick bench decisions         the decision log: pick-path cost, size, replay speed
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ def main(argv: list[str]) -> int:
         from epick.bench.quality import main as quality_main
 
         return quality_main(rest)
-    print(f"epick bench: unknown benchmark {cmd!r}; expected 'pick' or 'quality'",
-          file=sys.stderr)
+    if cmd == "decisions":
+        from epick.bench.decisions import main as decisions_main
+
+        return decisions_main(rest)
+    print(f"epick bench: unknown benchmark {cmd!r}; expected 'pick', 'quality' or "
+          "'decisions'", file=sys.stderr)
     return 2
