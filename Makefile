@@ -59,8 +59,9 @@ inference-perf-venv: $(IP_STAMP)
 inference-perf: $(STAMP) $(ENVOY_STAMP) $(IP_STAMP)
 	$(PY) scripts/inference_perf/run.py
 
+## demo: DEMO_ARGS passes options, e.g. DEMO_ARGS="--duration 600 --decisions-log /tmp/d.log"
 demo: $(STAMP)
-	$(VENV)/bin/epick demo
+	$(VENV)/bin/epick demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) $(ENVOY_VENV) $(IP_VENV) .pytest_cache
