@@ -108,7 +108,8 @@ def render(r: ReplayReport, console) -> None:
         notes.append(f"{r.live_recoveries} live policy re-creation(s) after a trap or "
                      "timeout (state back to its checkpoint), mirrored in the replay")
     if r.live_failures:
-        notes.append(f"{r.live_failures} decision(s) had a live policy failure")
+        notes.append(f"{r.live_failures} decision(s) had a live policy failure, mirrored "
+                     "for unchanged policies")
     if r.replay_failed:
         notes.append(f"the replay refused {r.replay_failed}")
     if r.replay_policy_errors:

@@ -9,9 +9,10 @@ evolves as it did live — or, for a changed policy, as it would have on the sam
 Changes (:class:`Changes`): replace a policy's module, add a policy, set weights, set
 params. Unchanged, a log replays to the same picks (``tests/decisions``).
 
-What a replay cannot know: the pool's reaction to different picks (queues and caches
-are as recorded; ``epick bench quality --trace`` simulates that), and a live policy's
-failure (a timeout under load) — those decisions are counted in ``live_failures``.
+Live accidents are mirrored: an unchanged policy that failed on a decision (a timeout
+under load) fails there again, and live checkpoints and instance re-creations happen at
+the same places. What a replay cannot know: the pool's reaction to different picks
+(queues and caches are as recorded; ``epick bench quality --trace`` simulates that).
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ class ReplayReport(msgspec.Struct):
     replay_failed: dict[str, int] = {}
     """Recorded picks the replay refused (shed, unavailable)."""
     live_failures: int = 0
-    """Decisions on which a live policy failed (cannot be reproduced)."""
+    """Decisions on which a live policy failed; an unchanged policy fails there again in
+    the replay (the pick is made without it, as it was live)."""
     replay_policy_errors: dict[str, int] = {}
     lost_records: int = 0
     """Records the live writer dropped (gaps in the log)."""
@@ -176,14 +178,43 @@ class _Locality:
         return sum(len(v) for v in eps.values()) / len(eps) if eps else None
 
 
+class _FailedLive:
+    """A policy as it was on a decision where it failed live: its score/filter fail the
+    same way (so the pick is made without it, as it was), its hooks run as usual."""
+
+    def __init__(self, plugin, reason: str) -> None:
+        self._plugin = plugin
+        self._reason = reason
+        self.name = plugin.name
+        for flag in ("is_filter", "is_scorer", "has_pre_request", "has_post_response"):
+            setattr(self, flag, getattr(plugin, flag))
+        self.clamps_scores = True
+
+    def score(self, cycle, candidates):
+        raise PluginError(self.name, "score", _LIVE_FAILURE, self._reason)
+
+    def filter(self, cycle, candidates):
+        raise PluginError(self.name, "filter", _LIVE_FAILURE, self._reason)
+
+    def pre_request(self, cycle, endpoint):
+        self._plugin.pre_request(cycle, endpoint)
+
+    def post_response(self, event):
+        self._plugin.post_response(event)
+
+
+_LIVE_FAILURE = "failed-live"
+
+
 class _Errors:
-    """The replay scheduler's recorder: counts policy errors."""
+    """The replay scheduler's recorder: counts policy errors (not mirrored live ones)."""
 
     def __init__(self) -> None:
         self.errors: dict[str, int] = defaultdict(int)
 
     def policy_error(self, error: PluginError) -> None:
-        self.errors[f"{error.plugin}: {error.kind}"] += 1
+        if error.kind != _LIVE_FAILURE:
+            self.errors[f"{error.plugin}: {error.kind}"] += 1
 
     def policy_latency(self, policy: str, seconds: float) -> None:
         pass
@@ -403,6 +434,25 @@ class Replayer:
             f"{n} w={w:g}{' shadow' if s else ''} {sha[:12]}"
             + (f" params={p}" if p else "") for n, sha, p, w, s in wanted]
 
+    def _failing(self, policies: PolicySet, skipped: tuple[str, ...]) -> PolicySet:
+        """``policies`` with the unchanged ones that failed live on this decision failing
+        again (a changed policy's failures are its own)."""
+        reasons = {}
+        for text in skipped:
+            name, _, reason = text.partition(": ")
+            reasons[name] = reason
+        recorded = {r.name: r for r in self._current_refs or ()}
+        entries = []
+        for e in policies.entries:
+            ref = recorded.get(e.name)
+            unchanged = (ref is not None and e.name not in self.changes.modules
+                         and e.name not in self.changes.params)
+            if e.name in reasons and unchanged:
+                e = PolicyEntry(e.name, _FailedLive(e.plugin, reasons[e.name]),
+                                weight=e.weight, shadow=e.shadow)
+            entries.append(e)
+        return PolicySet(tuple(entries))
+
     def _plugin_call(self, name: str, what: str) -> None:
         sched = self._scheduler
         if sched is None or name not in sched.policies:
@@ -461,12 +511,18 @@ class Replayer:
             r.live_failures += 1
         self._spread[recorded[0]][0] += 1
         self._rec_loc.see(recorded[0], hashes, f.adapter, running.get(recorded[0]))
+        sched = self._scheduler
+        live_set = sched.policies
+        if rec.skipped:
+            sched.policies = self._failing(live_set, rec.skipped)
         try:
-            d = self._scheduler.schedule(request, explain=True)
+            d = sched.schedule(request, explain=True)
         except SchedulingError as exc:
             r.replay_failed[exc.outcome] = r.replay_failed.get(exc.outcome, 0) + 1
             self._note_changed(rec, recorded[0], f"({exc.outcome})", float("inf"), {})
             return
+        finally:
+            sched.policies = live_set
         self._ids[rec.id] = d.decision_id
         replayed = [d.endpoint, *d.fallbacks]
         self._spread[d.endpoint][1] += 1

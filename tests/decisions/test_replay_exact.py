@@ -102,3 +102,59 @@ def test_rotated_files_replay_as_one_log_and_each_file_stands_alone(tmp_path, re
         assert isinstance(first, schema.Header)
     alone = replay([files[1]], runtime=runtime)
     assert alone.cold_start and alone.decisions > 0
+
+
+def test_a_policy_that_failed_live_fails_there_again_in_the_replay(tmp_path, runtime):
+    """A timeout under load skips a policy for one pick; the replay must skip it there
+    too, or its pick — and every policy's state after it — would drift."""
+    import msgspec
+    from decision_logs import workload
+
+    from epick.bench.quality import EpickRouter, wasm_set
+    from epick.decisions import DecisionLog
+    from epick.decisions.writer import _FRAME
+    from epick.runtime import WasmPolicy
+    from epick.scheduler.framework import PluginError
+    from epick.scheduler.policyset import PolicyEntry, PolicySet
+    from epick.sim.config import DEFAULT_CONFIG
+    from epick.sim.fleet import Fleet
+
+    class Flaky(WasmPolicy):
+        """The real module, timing out on every 9th score call (a loaded machine)."""
+
+        calls = 0
+
+        def score(self, cycle, candidates):
+            Flaky.calls += 1
+            if Flaky.calls % 9 == 0:
+                raise PluginError(self.name, "score", "timeout", "score exceeded 1 ms")
+            return super().score(cycle, candidates)
+
+    live = wasm_set(runtime, {"load": 1.0, "prefix-cache": 1.0, "lora-affinity": 1.0})
+    prefix = live.get("prefix-cache").plugin
+    live = PolicySet(tuple(
+        PolicyEntry(e.name, Flaky(prefix.module, name=e.name) if e.name == "prefix-cache"
+                    else e.plugin, weight=e.weight) for e in live.entries))
+    router = EpickRouter(live, seed=1)
+    path = tmp_path / "d.log"
+    log = DecisionLog(path).attach(router.scheduler).start()
+    try:
+        Fleet(8, msgspec.structs.replace(DEFAULT_CONFIG, max_loras=3), seed=1).run(
+            workload(4.0), router, scrape_interval_s=0.05)
+    finally:
+        log.close()
+
+    r = replay([path], runtime=runtime)
+    assert r.live_failures > 10
+    assert r.agreement == 1.0 and r.replay_policy_errors == {}
+
+    # The same log without the failures noted: the replay's picks drift.
+    stripped = tmp_path / "no-failures.log"
+    with open(stripped, "wb") as f:
+        f.write(schema.MAGIC)
+        for x in read_file(path):
+            if isinstance(x, schema.DecisionRec):
+                x = msgspec.structs.replace(x, skipped=())
+            blob = schema.encoder.encode(x)
+            f.write(_FRAME.pack(len(blob)) + blob)
+    assert replay([stripped], runtime=runtime).agreement < 1.0
