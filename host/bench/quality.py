@@ -227,8 +227,10 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
 
 def run_trace(paths, changes=None, *, routers=("round-robin", "least-queue"), seed: int = 1,
               scrape_interval_ms: float = 50.0, default_max_tokens: int = 64,
-              progress: Callable[[str], None] | None = None) -> dict:
+              progress: Callable[[str], None] | None = None, runtime=None) -> dict:
     """Simulate a recorded log under the recorded and the candidate policy sets."""
+    from contextlib import nullcontext
+
     import msgspec
 
     from epick.decisions.trace import load_trace, policy_set
@@ -247,15 +249,17 @@ def run_trace(paths, changes=None, *, routers=("round-robin", "least-queue"), se
                            "replicas": trace.replicas, "max_lora": trace.max_lora,
                            "output_tokens_from_completions": trace.completions,
                            "rate": rate}}
-    names = ["recorded"] + (["candidate"] if changes is not None and not changes.empty
-                            else []) + [r for r in routers if r]
     per_router: dict = {}
-    with Runtime() as runtime:
-        for rname in names:
-            if rname == "recorded":
-                router = EpickRouter(policy_set(runtime, trace), seed=seed)
-            elif rname == "candidate":
-                router = EpickRouter(policy_set(runtime, trace, changes), seed=seed)
+    own = (Runtime(cache_dir=Path.home() / ".cache" / "epick") if runtime is None
+           else nullcontext(runtime))
+    with own as runtime:
+        # Both sets first: a bad candidate is refused before anything runs.
+        sets = {"recorded": policy_set(runtime, trace)}
+        if changes is not None and not changes.empty:
+            sets["candidate"] = policy_set(runtime, trace, changes)
+        for rname in [*sets, *(r for r in routers if r)]:
+            if rname in sets:
+                router = EpickRouter(sets[rname], seed=seed)
             else:
                 router = make_router(rname, runtime, seed)
             t0 = time.perf_counter()

@@ -19,5 +19,5 @@ def runtime():
 
 @pytest.fixture
 def record(runtime):
-    """``record(path, weights=None, seconds=8, **log_kw)`` -> (the router, the closed log)."""
+    """``record(path, weights=None, seconds=5, **log_kw)`` -> (the router, the closed log)."""
     return lambda path, **kw: record_log(runtime, path, **kw)

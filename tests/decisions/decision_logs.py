@@ -26,7 +26,7 @@ def workload(seconds: float = 8.0, qps: float = 20.0):
     return [msgspec.structs.replace(r, request_id=f"r{i}") for i, r in enumerate(reqs)]
 
 
-def record(runtime, path: Path, *, weights=None, seconds: float = 8.0, **log_kw):
+def record(runtime, path: Path, *, weights=None, seconds: float = 5.0, **log_kw):
     """Run the fleet with a log at ``path``; return (the router, the closed log)."""
     from epick.sim.config import DEFAULT_CONFIG
     from epick.sim.fleet import Fleet

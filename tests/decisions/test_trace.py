@@ -50,10 +50,10 @@ def test_blocks_past_the_recorded_cap_are_never_assumed_shared(tmp_path, record)
     assert sum(got) > 0
 
 
-def test_the_recorded_and_the_candidate_sets_run_side_by_side(tmp_path, record):
+def test_the_recorded_and_the_candidate_sets_run_side_by_side(tmp_path, record, runtime):
     record(tmp_path / "d.log", seconds=4.0)
     results = run_trace([tmp_path / "d.log"], Changes(weights={"prefix-cache": 0.0}),
-                        routers=("round-robin",))
+                        routers=("round-robin",), runtime=runtime)
     rows = results["workloads"]["trace"]
     assert list(rows) == ["recorded", "candidate", "round-robin"]
     assert rows["recorded"]["hit_rate"][0] > rows["candidate"]["hit_rate"][0]
@@ -61,6 +61,6 @@ def test_the_recorded_and_the_candidate_sets_run_side_by_side(tmp_path, record):
 
 
 def test_a_bad_candidate_is_refused_with_a_reason(tmp_path, record, capsys):
-    record(tmp_path / "d.log", seconds=2.0)
+    record(tmp_path / "d.log", seconds=1.0)
     assert quality_main(["--trace", str(tmp_path / "d.log"), "--weights", "nope=1"]) == 2
     assert "--weights names policy 'nope'" in capsys.readouterr().err
