@@ -185,6 +185,8 @@ class DecisionsConfig(_Table):
     waited for."""
     embed_modules: bool = True
     """Write each policy module's bytes into the log once per file (self-contained)."""
+    compress: bool = True
+    """zlib-compress the records (one stream per file, one chunk per batch)."""
 
 
 class Config(_Table):

@@ -111,7 +111,8 @@ def _decision_log(config: Config, config_path: Path | None):
         path, prompt=dc.prompt, headers=tuple(dc.headers), block_bytes=dc.block_bytes,
         max_blocks=dc.max_blocks, max_file_bytes=int(dc.max_file_mb * (1 << 20)),
         max_total_bytes=int(dc.max_total_mb * (1 << 20)), max_age_s=dc.max_age_s,
-        rotate_s=dc.rotate_s, queue=dc.queue, embed_modules=dc.embed_modules)
+        rotate_s=dc.rotate_s, queue=dc.queue, embed_modules=dc.embed_modules,
+        compress=dc.compress)
 
 
 def _host_port(address: str) -> tuple[str, int]:

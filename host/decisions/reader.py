@@ -64,7 +64,8 @@ def read_file(path: Path, *, partial_tail: bool = True) -> Iterator[schema.Recor
         raise LogError(path, 0, f"not an epick decision log (starts with {data[:8]!r}, "
                        f"expected {schema.MAGIC!r})")
     first = True
-    for offset, rec in _frames(path, data, len(schema.MAGIC), partial_tail, None):
+    stream = zlib.decompressobj()
+    for offset, rec in _frames(path, data, len(schema.MAGIC), partial_tail, None, stream):
         if first and not isinstance(rec, schema.Header):
             raise LogError(path, offset, f"the first record is {type(rec).__name__}, "
                            "expected a header")
@@ -75,8 +76,8 @@ def read_file(path: Path, *, partial_tail: bool = True) -> Iterator[schema.Recor
         yield rec
 
 
-def _frames(path: Path, data: bytes, pos: int, partial_tail: bool,
-            chunk_at: int | None) -> Iterator[tuple[int, schema.Record]]:
+def _frames(path: Path, data: bytes, pos: int, partial_tail: bool, chunk_at: int | None,
+            stream) -> Iterator[tuple[int, schema.Record]]:
     """(file offset, record) for each frame of ``data`` from ``pos``; chunks expanded.
 
     Inside a chunk (``chunk_at`` = its file offset) every offset reported is the chunk's.
@@ -98,10 +99,10 @@ def _frames(path: Path, data: bytes, pos: int, partial_tail: bool,
             if chunk_at is not None:
                 raise LogError(path, at, "a chunk inside a chunk: corrupt")
             try:
-                inner = zlib.decompress(body)
+                inner = stream.decompress(body)
             except zlib.error as exc:
                 raise LogError(path, at, f"corrupt chunk: {exc}") from None
-            yield from _frames(path, inner, 0, False, pos)
+            yield from _frames(path, inner, 0, False, pos, None)
         else:
             if n > MAX_RECORD_BYTES:
                 raise LogError(path, at, f"frame of {n} bytes: corrupt")

@@ -2,8 +2,9 @@
 
 A log file is ``MAGIC`` followed by frames; a frame is a little-endian u32 length and one
 msgpack record of that many bytes. A length with :data:`CHUNK_FLAG` set is a chunk
-instead: that many bytes of zlib data holding more frames (the writer compresses each
-batch). Each record is an array whose first element names its
+instead: that many bytes of zlib data holding more frames. The chunks of a file are one
+zlib stream, sync-flushed at the end of each chunk (the writer compresses each batch,
+keeping the window across batches): decompress them in order. Each record is an array whose first element names its
 kind (a msgspec tagged union). A file is self-contained: it starts with a :class:`Header`,
 and every module, policy set and snapshot a decision refers to is written earlier in the
 same file, once.

@@ -154,6 +154,7 @@ class DecisionLog:
         self._last_error_log = float("-inf")
         self._last_prune = 0.0
         self._header_written = False
+        self._z = None
         self._lost_noted = 0
         self._prune_due = False
         self._seen_marks: dict[object, tuple[int, int]] = {}
@@ -298,10 +299,11 @@ class DecisionLog:
         if not kinds and not buf:
             return
         f = self._file
-        if self.compress and buf:
-            # One zlib chunk per batch: shared prompt prefixes repeat the same hashes
-            # across records (zlib releases the GIL while it works).
-            packed = zlib.compress(bytes(buf), 3)
+        if self.compress and buf and self._z is not None:
+            # One zlib stream per file, one sync-flushed chunk per batch: the window
+            # spans batches, so prompt prefixes shared a few requests apart (same hashes)
+            # compress even when a batch holds one record. zlib releases the GIL.
+            packed = self._z.compress(bytes(buf)) + self._z.flush(zlib.Z_SYNC_FLUSH)
             buf = bytearray(_FRAME.pack(len(packed) | schema.CHUNK_FLAG)) + packed
         try:
             if f is None:
@@ -347,6 +349,7 @@ class DecisionLog:
             self._file = None
             return False
         self._size = len(schema.MAGIC)
+        self._z = zlib.compressobj(3) if self.compress else None
         self._file_started = self._wall_clock()
         self._written_pool = None
         self._written_versions = set()
