@@ -183,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.top < 0:
         print(f"epick replay: --top {args.top}: must be >= 0", file=sys.stderr)
         return 2
+    # Mirrored live failures and recoveries would log a warning each; the report counts
+    # them (and any error of the replay's own) instead.
+    import logging
+
+    logging.getLogger("epick").setLevel(logging.ERROR)
     try:
         changes = parse_changes(args.policy, args.weights, args.params)
         modules = _modules(args.modules)

@@ -64,8 +64,8 @@ def read_file(path: Path, *, partial_tail: bool = True) -> Iterator[schema.Recor
         raise LogError(path, 0, f"not an epick decision log (starts with {data[:8]!r}, "
                        f"expected {schema.MAGIC!r})")
     first = True
-    stream = zlib.decompressobj()
-    for offset, rec in _frames(path, data, len(schema.MAGIC), partial_tail, None, stream):
+    for offset, rec in _frames(path, data, len(schema.MAGIC), partial_tail, None,
+                               _Inflater()):
         if first and not isinstance(rec, schema.Header):
             raise LogError(path, offset, f"the first record is {type(rec).__name__}, "
                            "expected a header")
@@ -74,6 +74,22 @@ def read_file(path: Path, *, partial_tail: bool = True) -> Iterator[schema.Recor
             raise LogError(path, offset, f"schema {rec.schema}; this epick reads schema "
                            f"{schema.SCHEMA}")
         yield rec
+
+
+class _Inflater:
+    """Decompresses a file's chunks in order: one zlib stream across chunks, or a new
+    stream whenever the previous one ended (a chunk that is a whole stream)."""
+
+    def __init__(self) -> None:
+        self._z = zlib.decompressobj()
+
+    def inflate(self, body) -> bytes:
+        if self._z.eof:
+            self._z = zlib.decompressobj()
+        out = self._z.decompress(body)
+        if self._z.unused_data:
+            raise zlib.error(f"{len(self._z.unused_data)} bytes after the end of the stream")
+        return out
 
 
 def _frames(path: Path, data: bytes, pos: int, partial_tail: bool, chunk_at: int | None,
@@ -99,7 +115,7 @@ def _frames(path: Path, data: bytes, pos: int, partial_tail: bool, chunk_at: int
             if chunk_at is not None:
                 raise LogError(path, at, "a chunk inside a chunk: corrupt")
             try:
-                inner = stream.decompress(body)
+                inner = stream.inflate(body)
             except zlib.error as exc:
                 raise LogError(path, at, f"corrupt chunk: {exc}") from None
             yield from _frames(path, inner, 0, False, pos, None)

@@ -56,3 +56,29 @@ def test_a_later_schema_is_refused_not_misread(tmp_path):
 def test_replaying_a_missing_log_says_so(tmp_path):
     with pytest.raises(LogError, match="no such decision log"):
         replay([tmp_path / "nothing.log"])
+
+
+def test_chunks_are_one_stream_or_whole_streams_each(tmp_path):
+    import zlib
+
+    frames = [frame(schema.Header(boot="b")), frame(schema.Gap(lost=1)),
+              frame(schema.Gap(lost=2))]
+
+    def chunk(data: bytes) -> bytes:
+        return _FRAME.pack(len(data) | schema.CHUNK_FLAG) + data
+
+    z = zlib.compressobj(3)
+    one_stream = b"".join(chunk(z.compress(f) + z.flush(zlib.Z_SYNC_FLUSH)) for f in frames)
+    whole_each = b"".join(chunk(zlib.compress(f)) for f in frames)
+    for name, body in (("stream", one_stream), ("whole", whole_each)):
+        p = tmp_path / name
+        p.write_bytes(schema.MAGIC + body)
+        assert [getattr(r, "lost", None) for r in read_file(p)] == [None, 1, 2], name
+
+
+def test_a_corrupt_chunk_names_its_offset(tmp_path):
+    p = tmp_path / "d.log"
+    good = frame(schema.Header(boot="b"))
+    p.write_bytes(schema.MAGIC + good + _FRAME.pack(4 | schema.CHUNK_FLAG) + b"nope")
+    with pytest.raises(LogError, match=rf"at byte {8 + len(good)}: corrupt chunk"):
+        list(read_file(p))
