@@ -129,7 +129,7 @@ async def _scrape_text(http: aiohttp.ClientSession, url: str) -> str | None:
     try:
         async with http.get(url) as r:
             return await r.text() if r.status == 200 else None
-    except aiohttp.ClientError:
+    except (aiohttp.ClientError, TimeoutError):  # a busy machine: skip this refresh
         return None
 
 
