@@ -206,6 +206,48 @@ class _FailedLive:
 _LIVE_FAILURE = "failed-live"
 
 
+class _Recovering:
+    """A policy whose live instance was re-created during this decision, at a stage the
+    log does not say: during ``score`` (the scores were computed on the checkpoint's
+    state) or during a hook (after scoring). The recorded scores tell which: if the
+    current state reproduces them, the recovery comes after scoring."""
+
+    def __init__(self, plugin, recorded: np.ndarray | None) -> None:
+        self._plugin = plugin
+        self._recorded = recorded
+        self.done = False
+        self.name = plugin.name
+        for flag in ("is_filter", "is_scorer", "has_pre_request", "has_post_response"):
+            setattr(self, flag, getattr(plugin, flag))
+        self.clamps_scores = True
+
+    def recover(self) -> None:
+        if not self.done:
+            self.done = True
+            self._plugin.recover()
+
+    def score(self, cycle, candidates):
+        if not self.done:
+            scores = self._plugin.score(cycle, candidates)
+            rec = self._recorded
+            if (rec is not None and len(rec) == len(scores)
+                    and np.all(np.abs(scores - rec) <= SCORE_EPSILON)):
+                return scores  # recovered later, in a hook
+            self.recover()
+        return self._plugin.score(cycle, candidates)
+
+    def filter(self, cycle, candidates):
+        self.recover()
+        return self._plugin.filter(cycle, candidates)
+
+    def pre_request(self, cycle, endpoint):
+        self.recover()
+        self._plugin.pre_request(cycle, endpoint)
+
+    def post_response(self, event):
+        self._plugin.post_response(event)
+
+
 class _Errors:
     """The replay scheduler's recorder: counts policy errors (not mirrored live ones)."""
 
@@ -249,6 +291,7 @@ class Replayer:
         self._policy_sets: dict[int, tuple[schema.PolicyRef, ...]] = {}
         self._current_refs: tuple[schema.PolicyRef, ...] | None = None
         self._rec_weights: dict[str, float] = {}
+        self._pending_recovery: set[str] = set()
         self._applied: dict[str, tuple[str, dict]] = {}
         self._ids: dict[str, str] = {}
         self._now_s = 0.0
@@ -284,7 +327,7 @@ class Replayer:
             self._plugin_call(rec.policy, "checkpoint")
         elif isinstance(rec, schema.Recovered):
             self.r.live_recoveries += 1
-            self._plugin_call(rec.policy, "recover")
+            self._pending_recovery.add(rec.policy)  # done in the next decision/completion
         self._seconds += time.perf_counter() - t0
 
     def _start(self, h: schema.Header) -> None:
@@ -434,24 +477,38 @@ class Replayer:
             f"{n} w={w:g}{' shadow' if s else ''} {sha[:12]}"
             + (f" params={p}" if p else "") for n, sha, p, w, s in wanted]
 
-    def _failing(self, policies: PolicySet, skipped: tuple[str, ...]) -> PolicySet:
-        """``policies`` with the unchanged ones that failed live on this decision failing
-        again (a changed policy's failures are its own)."""
+    def _accidents(self, policies: PolicySet, rec: schema.DecisionRec):
+        """``policies`` for this decision with the live accidents mirrored: an unchanged
+        policy that failed live fails again (a changed policy's failures are its own),
+        and one whose live instance was re-created here is re-created at the same stage.
+        Returns the set and the :class:`_Recovering` wrappers to finish."""
         reasons = {}
-        for text in skipped:
+        for text in rec.skipped:
             name, _, reason = text.partition(": ")
             reasons[name] = reason
         recorded = {r.name: r for r in self._current_refs or ()}
-        entries = []
+        pending, self._pending_recovery = self._pending_recovery, set()
+        entries, recovering = [], []
         for e in policies.entries:
+            plugin = e.plugin
+            if e.name in pending and hasattr(plugin, "recover"):
+                if e.name in reasons:
+                    plugin.recover()  # its failed call re-created it before failing
+                else:
+                    blob = rec.scores.get(e.name)
+                    w = _Recovering(plugin, np.frombuffer(blob, dtype="<f4")
+                                    if blob is not None else None)
+                    recovering.append(w)
+                    plugin = w
             ref = recorded.get(e.name)
             unchanged = (ref is not None and e.name not in self.changes.modules
                          and e.name not in self.changes.params)
             if e.name in reasons and unchanged:
-                e = PolicyEntry(e.name, _FailedLive(e.plugin, reasons[e.name]),
-                                weight=e.weight, shadow=e.shadow)
+                plugin = _FailedLive(plugin, reasons[e.name])
+            if plugin is not e.plugin:
+                e = PolicyEntry(e.name, plugin, weight=e.weight, shadow=e.shadow)
             entries.append(e)
-        return PolicySet(tuple(entries))
+        return PolicySet(tuple(entries)), recovering
 
     def _plugin_call(self, name: str, what: str) -> None:
         sched = self._scheduler
@@ -513,8 +570,9 @@ class Replayer:
         self._rec_loc.see(recorded[0], hashes, f.adapter, running.get(recorded[0]))
         sched = self._scheduler
         live_set = sched.policies
-        if rec.skipped:
-            sched.policies = self._failing(live_set, rec.skipped)
+        recovering = []
+        if rec.skipped or self._pending_recovery:
+            sched.policies, recovering = self._accidents(live_set, rec)
         try:
             d = sched.schedule(request, explain=True)
         except SchedulingError as exc:
@@ -523,6 +581,8 @@ class Replayer:
             return
         finally:
             sched.policies = live_set
+            for w in recovering:  # a recovery in a hook the policy does not have
+                w.recover()
         self._ids[rec.id] = d.decision_id
         replayed = [d.endpoint, *d.fallbacks]
         self._spread[d.endpoint][1] += 1
@@ -586,6 +646,11 @@ class Replayer:
             return
         self.r.completions += 1
         self._now_s = (rec.t_ms + 0.5) / 1000.0
+        # A recovery noticed with a completion happened in its hooks (or just before):
+        # live retried the hook on the re-created instance, so recover, then run it.
+        for name in self._pending_recovery:
+            self._plugin_call(name, "recover")
+        self._pending_recovery = set()
         replay_id = self._ids.pop(rec.id, "")
         if not replay_id or not self._scheduler.complete(decision_id=replay_id,
                                                          status=rec.status):

@@ -397,15 +397,15 @@ class Scheduler:
             timestamp_ms=int(self._wall_clock() * 1000),
             model=rec.model,
         )
-        if self.decisions is not None:
-            self.decisions.completion(decision_id, event, endpoint, prompt_tokens,
-                                      completion_tokens, ttft_s)
         for entry in self.policies.post_response:
             try:
                 entry.plugin.post_response(event)
             except PluginError as exc:
                 self.recorder.policy_error(exc)
                 log.warning("%s", exc)
+        if self.decisions is not None:
+            self.decisions.completion(decision_id, event, endpoint, prompt_tokens,
+                                      completion_tokens, ttft_s)
         return True
 
     @property
