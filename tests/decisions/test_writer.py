@@ -252,3 +252,67 @@ def test_live_checkpoints_and_recoveries_are_mirrored_by_the_replay(tmp_path, ru
                 f.write(_FRAME.pack(len(blob)) + blob)
     other = replay([stripped], runtime=runtime)
     assert next(d for d in other.score_deltas if d.policy == "prefix-cache").changed > 0
+
+
+@pytest.mark.parametrize("policy, stage", [("prefix-cache", "score"),
+                                           ("prefix-cache", "pre_request"),
+                                           ("lora-affinity", "post_response")])
+def test_a_recovery_inside_a_call_is_mirrored_at_that_stage(tmp_path, runtime, policy,
+                                                            stage):
+    """A timed-out call is retried on a re-created instance (state back to the
+    checkpoint); the replay must re-create it at the same point of the same call."""
+    from epick.config import resolve_module
+
+    class RecoversOnce(WasmPolicy):
+        """The real module; on its 40th call at ``stage`` it re-creates its instance
+        first, as a timeout followed by a successful retry does."""
+
+        n = 0
+
+        def _tick(self, what):
+            if what == stage:
+                RecoversOnce.n += 1
+                if RecoversOnce.n == 40:
+                    self.recover()
+
+        def score(self, cycle, candidates):
+            self._tick("score")
+            return super().score(cycle, candidates)
+
+        def pre_request(self, cycle, endpoint):
+            self._tick("pre_request")
+            super().pre_request(cycle, endpoint)
+
+        def post_response(self, event):
+            self._tick("post_response")
+            super().post_response(event)
+
+    mod = runtime.compile(resolve_module(policy).read_bytes(), name=policy)
+    plugin = RecoversOnce(mod, name=policy, checkpoint_on_hooks=False)
+    pool = PoolSnapshot.build(abi.Snapshot(version=1, timestamp_ms=1, endpoints=tuple(
+        abi.EndpointMetrics(address=f"10.0.0.{i}:8000", max_lora=2) for i in range(4))))
+    s = Scheduler(lambda: pool, PolicySet.of(PolicyEntry(policy, plugin)))
+    path = tmp_path / "d.log"
+    log = DecisionLog(path, flush_interval_s=0.005).attach(s).start()
+    open_ids = []
+    try:
+        for i in range(80):
+            # 7 tenants' prompts and 5 adapters: state (prefix LRUs, LoRA history) that
+            # the checkpoint at pick 3 only partly holds.
+            d = s.schedule(abi.Request(model="m", seed=i, adapter=f"a{i % 5}",
+                                       prompt=f"tenant {i % 7} " * 30 + str(i)))
+            open_ids.append(d.decision_id)
+            if i == 3:
+                plugin.checkpoint(force=True)
+            if len(open_ids) > 6:  # requests finish a few picks later
+                s.complete(decision_id=open_ids.pop(0))
+    finally:
+        log.close()
+        plugin.close()
+    assert RecoversOnce.n >= 40
+    assert sum(isinstance(r, schema.Recovered) for r in read_file(path)) == 1
+
+    r = replay([path], runtime=runtime)
+    assert r.live_recoveries == 1
+    assert r.agreement == 1.0 and r.fallbacks_agreed == r.decisions
+    assert all(d.changed == 0 for d in r.score_deltas), r.score_deltas
