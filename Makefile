@@ -81,8 +81,9 @@ bench-real: $(STAMP)
 	$(PY) -m epick.fleet install
 	$(VENV)/bin/epick bench real --json results/real/real.json
 
+## demo: DEMO_ARGS passes options, e.g. DEMO_ARGS="--duration 600 --decisions-log /tmp/d.log"
 demo: $(STAMP)
-	$(VENV)/bin/epick demo
+	$(VENV)/bin/epick demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) $(ENVOY_VENV) $(IP_VENV) .venv-vllm .pytest_cache

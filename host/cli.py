@@ -6,6 +6,7 @@
     epick bench pick [--grpc] [...]                    decision latency / throughput
     epick bench quality [--quick] [...]                routing quality on a simulated fleet
     epick demo [--duration S]                          a simulated fleet, epick, a gateway, load
+    epick replay LOG [--policy NAME=FILE.wasm]...      a decision log through changed policies
 """
 
 from __future__ import annotations
@@ -121,10 +122,17 @@ def _demo(argv: list[str]) -> int:
     return demo_main(argv)
 
 
+def _replay(argv: list[str]) -> int:
+    from epick.decisions.cli import main as replay_main
+
+    return replay_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Sub-commands with their own parsers get their arguments untouched.
-    passthrough = {"conformance": _conformance, "bench": _bench, "demo": _demo}
+    passthrough = {"conformance": _conformance, "bench": _bench, "demo": _demo,
+                   "replay": _replay}
     if argv and argv[0] in passthrough:
         return passthrough[argv[0]](argv[1:])
 

@@ -30,6 +30,7 @@ __all__ = [
     "RuntimeConfig",
     "AdminConfig",
     "ExtProcConfig",
+    "DecisionsConfig",
     "load",
     "loads",
     "resolve_module",
@@ -182,6 +183,37 @@ class ExtProcConfig(_Table):
                                  "must not be empty")
 
 
+class DecisionsConfig(_Table):
+    """The decision log (policies/DECISIONS.md): every pick, for ``epick replay``."""
+
+    log: str = ""
+    """The active log file (rotated ones sit beside it as ``LOG.<ms>``); empty = off.
+    Relative to the config file's folder."""
+    prompt: Literal["hashes", "full", "none"] = "hashes"
+    """What is kept of a prompt: its block hash chain, the text itself, or nothing."""
+    headers: list[str] = []
+    """Request header names to record; none by default."""
+    block_bytes: Annotated[int, Meta(ge=1, le=1 << 20)] = 64
+    """Block size of the hash chain: the prefix-cache policy's ``block_size``."""
+    max_blocks: Annotated[int, Meta(ge=0, le=1 << 20)] = 256
+    """Hashes kept per prompt at most: the prefix-cache policy's ``max_blocks``."""
+    max_file_mb: Annotated[float, Meta(gt=0)] = 64.0
+    """A file is rotated when it reaches this size."""
+    rotate_s: Annotated[float, Meta(gt=0)] = 3600.0
+    """...or this age."""
+    max_total_mb: Annotated[float, Meta(gt=0)] = 1024.0
+    """Oldest rotated files are deleted while all files together are larger."""
+    max_age_s: Annotated[float, Meta(gt=0)] = 86400.0
+    """Rotated files older than this are deleted."""
+    queue: Annotated[int, Meta(ge=1)] = 10_000
+    """Records waiting for the writer at most; more are dropped (and counted), never
+    waited for."""
+    embed_modules: bool = True
+    """Write each policy module's bytes into the log once per file (self-contained)."""
+    compress: bool = True
+    """zlib-compress the records (one stream per file, one chunk per batch)."""
+
+
 class Config(_Table):
     version: int
     server: ServerConfig = ServerConfig()
@@ -191,6 +223,7 @@ class Config(_Table):
     runtime: RuntimeConfig = RuntimeConfig()
     admin: AdminConfig = AdminConfig()
     ext_proc: ExtProcConfig = ExtProcConfig()
+    decisions: DecisionsConfig = DecisionsConfig()
 
     def __post_init__(self) -> None:
         if self.version != CONFIG_VERSION:

@@ -18,6 +18,7 @@ child and is stopped before it returns.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import signal
 import socket
@@ -91,11 +92,14 @@ def _port_or_zero(port: int) -> int:
     return port
 
 
-def _epick_config(addresses: list[str], ports: dict[str, int] | None = None) -> str:
+def _epick_config(addresses: list[str], ports: dict[str, int] | None = None,
+                  decisions_log: Path | None = None) -> str:
     ports = ports or {k: 0 for k in DEFAULT_PORTS}
     lines = ["version = 1", "[server]", f'listen = "127.0.0.1:{ports["pick"]}"',
              f'metrics_listen = "127.0.0.1:{ports["metrics"]}"', "[admin]",
              f'listen = "127.0.0.1:{ports["admin"]}"', f'token = "{DEMO_TOKEN}"']
+    if decisions_log is not None:
+        lines += ["[decisions]", f"log = {json.dumps(str(decisions_log.resolve()))}"]
     for a in addresses:
         lines += ["[[pool.endpoints]]", f'address = "{a}"']
     for p in ("load", "prefix-cache", "lora-affinity"):
@@ -150,7 +154,7 @@ async def _scrape_text(http: aiohttp.ClientSession, url: str) -> str | None:
     try:
         async with http.get(url) as r:
             return await r.text() if r.status == 200 else None
-    except aiohttp.ClientError:
+    except (aiohttp.ClientError, TimeoutError):  # a busy machine: skip this refresh
         return None
 
 
@@ -215,7 +219,7 @@ async def demo(args: argparse.Namespace, console: Console) -> dict:
                                           args.replicas, timeout=60)
             config = Path(tmp) / "epick.toml"
             ports = {k: _port_or_zero(p) for k, p in DEFAULT_PORTS.items()}
-            config.write_text(_epick_config(addresses, ports))
+            config.write_text(_epick_config(addresses, ports, args.decisions_log))
             epick = await anyio.open_process(
                 [py, "-m", "epick.cli", "--log-level", "WARNING", "serve", "--config",
                  str(config)], stderr=sys.stderr)
@@ -398,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adapters", type=int, default=8)
     ap.add_argument("--max-lora", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--decisions-log", type=Path, metavar="PATH",
+                    help="record every decision here, for `epick replay PATH`")
     args = ap.parse_args(argv)
     console = Console() if sys.stdout.isatty() else Console(width=130)
     try:
@@ -430,4 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)
+    if args.decisions_log is not None:
+        console.print(f"decision log: {args.decisions_log} — try "
+                      f"`epick replay {args.decisions_log} --weights load=3`")
     return 0 if s["status"].get(200, 0) > 0 else 1

@@ -6,6 +6,7 @@
       ├─ _health_loop             SERVING once an endpoint is fresh and policies are loaded
       ├─ _checkpoint_loop         policies' last good state, once a second, between picks
       ├─ _watch_config            file changes and SIGHUP -> reload (a bad file is refused)
+      ├─ DecisionLog writer       [decisions] log: a thread the lifespan starts and joins
       └─ _watch_policy_dir        NAME.wasm created/changed -> validated hot swap
 
 Everything runs on the one asyncio event-loop thread (anyio on the asyncio backend,
@@ -154,6 +155,24 @@ def _limits(config: Config) -> Limits:
     )
 
 
+def _decision_log(config: Config, config_path: Path | None):
+    """The ``[decisions]`` log (not started), or None when it is off."""
+    dc = config.decisions
+    if not dc.log:
+        return None
+    from epick.decisions import DecisionLog
+
+    path = Path(dc.log).expanduser()
+    if not path.is_absolute() and config_path is not None:
+        path = config_path.parent / path
+    return DecisionLog(
+        path, prompt=dc.prompt, headers=tuple(dc.headers), block_bytes=dc.block_bytes,
+        max_blocks=dc.max_blocks, max_file_bytes=int(dc.max_file_mb * (1 << 20)),
+        max_total_bytes=int(dc.max_total_mb * (1 << 20)), max_age_s=dc.max_age_s,
+        rotate_s=dc.rotate_s, queue=dc.queue, embed_modules=dc.embed_modules,
+        compress=dc.compress)
+
+
 def _host_port(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
@@ -209,6 +228,9 @@ class Service:
         telemetry.POLICY_STATS.source = lambda: [(e.name, e.plugin)
                                                  for e in self.scheduler.policies.entries]
         self.health = HealthServicer()
+        self.decisions = _decision_log(config, config_path)
+        if self.decisions is not None:
+            self.decisions.attach(self.scheduler)
         self._cancel: anyio.CancelScope | None = None
         self._watchers_stop: anyio.Event | None = None
         self._serving: bool | None = None
@@ -252,6 +274,8 @@ class Service:
                 raise ConfigError(source, f"policy {pc.name!r}: cannot read module {path}: "
                                   f"{exc.reason}") from None
             entries.append((pc.name, wasm, dict(pc.params), pc.weight, pc.shadow, str(path)))
+            if self.decisions is not None:
+                self.decisions.add_module(wasm, pc.name)
             applied[pc.name] = (pc, hashlib.sha256(wasm).digest())
         return entries, applied
 
@@ -371,6 +395,8 @@ class Service:
             self.metrics_port = _listen(bind_metrics, self.config.server.metrics_listen,
                                         "[server] metrics_listen")
 
+        if self.decisions is not None:
+            self.decisions.start()
         try:
             await self._set_health(False)
             async with anyio.create_task_group() as tg:
@@ -407,6 +433,8 @@ class Service:
                     await ext_proc.stop(grace=1.0)
                 if metrics is not None:
                     metrics.close()
+                if self.decisions is not None:
+                    await anyio.to_thread.run_sync(self.decisions.close)
                 self.runtime.close()
 
     def stop(self) -> None:
@@ -494,6 +522,8 @@ class Service:
         try:
             wasm = await anyio.to_thread.run_sync(
                 functools.partial(read_module, path, inside=inside))
+            if self.decisions is not None:
+                self.decisions.add_module(wasm, name)
             current = self.scheduler.policies
             params = self.manager.active[name].params if name in self.manager.active else {}
             shadow = current.get(name).shadow if name in current else False

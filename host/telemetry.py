@@ -37,6 +37,10 @@ __all__ = [
     "COMPLETIONS",
     "COMPLETION_TOKENS",
     "TTFT",
+    "DECISION_LOG_RECORDS",
+    "DECISION_LOG_DROPPED",
+    "DECISION_LOG_BYTES",
+    "DECISION_LOG_DROP_REASONS",
     "PICK_STAGES",
     "PICK_OUTCOMES",
     "POLICY_ERROR_KINDS",
@@ -161,6 +165,27 @@ SHADOW_SCORE_DELTA = Histogram(
     "Absolute score difference between a shadow policy and the live one, per candidate.",
     ["policy"],
     buckets=_DELTA_BUCKETS,
+    registry=REGISTRY,
+)
+
+#: Label values of ``epick_decision_log_dropped_total{reason}``.
+DECISION_LOG_DROP_REASONS = ("queue-full", "write-error")
+DECISION_LOG_RECORDS = Counter(
+    "epick_decision_log_records",
+    "Records written to the decision log, by kind (decision|completion).",
+    ["kind"],
+    registry=REGISTRY,
+)
+DECISION_LOG_DROPPED = Counter(
+    "epick_decision_log_dropped",
+    "Decision-log records lost, by reason (queue-full: the writer fell behind; "
+    "write-error: the disk refused them). A pick never waits for the log.",
+    ["reason"],
+    registry=REGISTRY,
+)
+DECISION_LOG_BYTES = Counter(
+    "epick_decision_log_bytes",
+    "Bytes written to the decision log files.",
     registry=REGISTRY,
 )
 

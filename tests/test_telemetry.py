@@ -23,6 +23,9 @@ EXPECTED = {
     "epick_completions": ("counter", ("status",)),
     "epick_completion_tokens": ("counter", ("kind",)),
     "epick_ttft_seconds": ("histogram", ()),
+    "epick_decision_log_records": ("counter", ("kind",)),
+    "epick_decision_log_dropped": ("counter", ("reason",)),
+    "epick_decision_log_bytes": ("counter", ()),
 }
 
 

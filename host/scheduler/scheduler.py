@@ -79,6 +79,17 @@ class Recorder(Protocol):
         """A known decision completed, with what the gateway measured (None = unknown)."""
 
 
+class DecisionSink(Protocol):
+    """Records decisions and completions (``epick.decisions.DecisionLog``); must not block."""
+
+    def decision(self, decision: Decision, cycle: Cycle, policies: PolicySet,
+                 candidates: tuple[int, ...], scores: dict[str, np.ndarray],
+                 shadow_scores: dict[str, np.ndarray], picked: list[int]) -> None: ...
+    def completion(self, decision_id: str, event: abi.PostResponseEvent, endpoint: str,
+                   prompt_tokens: int | None, completion_tokens: int | None,
+                   ttft_s: float | None) -> None: ...
+
+
 class _NullRecorder:
     def policy_error(self, error: PluginError) -> None:
         pass
@@ -180,6 +191,9 @@ class Scheduler:
         show endpoints that are not in the snapshot, and why (only ``explain`` reads it)."""
         # A failing policy fails on every pick: one line per (policy, stage, kind) per 10 s.
         self._rlog = RateLimitedLog(log)
+        #: Where decisions and completions are recorded (``epick.decisions.DecisionLog``);
+        #: ``None`` = not recorded. Its methods only enqueue: they never block a pick.
+        self.decisions: DecisionSink | None = None
 
     # -- the cycle -----------------------------------------------------------------
 
@@ -201,7 +215,9 @@ class Scheduler:
         t_start = perf()
         pool = self._pool()
         policies = self.policies  # one read: a concurrent swap cannot split this pick
-        cycle = Cycle(pool=pool, request=request, assignments=self.assignments)
+        cycle = Cycle(pool=pool, request=request, assignments=self.assignments,
+                      now_ms=int(self._wall_clock() * 1000))
+        sink = self.decisions
         endpoints = pool.snapshot.endpoints
         candidates = tuple(range(len(endpoints)))
         why: dict[int, str] | None = {} if explain else None
@@ -257,7 +273,7 @@ class Scheduler:
             if not getattr(entry.plugin, "clamps_scores", False):
                 scores = np.clip(scores, 0.0, 1.0)
             totals += entry.weight * scores
-            if explain:
+            if explain or sink is not None:
                 per_policy[entry.name] = scores
 
         t_scored = perf()
@@ -287,15 +303,24 @@ class Scheduler:
             snapshot_version=pool.version,
             skipped=skipped,
         )
+        if sink is not None:
+            sink.decision(decision, cycle, policies, candidates, per_policy, shadow_scores,
+                          picked)
         if explain:
             decision.explanation = self._explain(
                 endpoints, candidates, totals, per_policy, order, why or {}, shadow_scores
             )
+            # as the policies saw them: before this pick was counted
+            in_flight, since = cycle.assigned(candidates)
+            seen = {endpoints[c].address: k for k, c in enumerate(candidates)}
             for row in decision.explanation:
-                # as the policies saw them: before this pick was counted
-                row.in_flight = self.assignments.in_flight(row.endpoint) - (row.endpoint == endpoint)
-                row.picked_since_scrape = (self.assignments.picked_since_scrape(row.endpoint)
-                                           - (row.endpoint == endpoint))
+                k = seen.get(row.endpoint)
+                if k is None:
+                    row.in_flight = self.assignments.in_flight(row.endpoint)
+                    row.picked_since_scrape = self.assignments.picked_since_scrape(row.endpoint)
+                else:
+                    row.in_flight = in_flight[k] if in_flight else 0
+                    row.picked_since_scrape = since[k] if since else 0
             if self.pool_status is not None:
                 _add_scrape_reasons(decision.explanation, self.pool_status())
         if log.isEnabledFor(logging.DEBUG):
@@ -444,7 +469,8 @@ class Scheduler:
         """Run the post_response hooks for a finished request; False if the id is unknown.
 
         Idempotent: a second report for the same decision is unknown and does nothing.
-        Token counts and TTFT (what the gateway read from the answer) go to the recorder.
+        Token counts and TTFT (what the gateway read from the answer) go to the recorder
+        and the decision log.
         """
         if not decision_id and request_id:
             decision_id = self._by_request.get(request_id, "")
@@ -471,6 +497,9 @@ class Scheduler:
                 self.recorder.policy_error(exc)
                 self._rlog.warning((exc.plugin, exc.stage, exc.kind), "%s", exc)
         self.recorder.completion(int(status), prompt_tokens, completion_tokens, ttft_s)
+        if self.decisions is not None:
+            self.decisions.completion(decision_id, event, endpoint, prompt_tokens,
+                                      completion_tokens, ttft_s)
         return True
 
     @property
