@@ -343,6 +343,53 @@ def plot(results: dict, folder: Path) -> list[Path]:
     return paths
 
 
+SWEPT = ("ttft_p90_s", "throughput_tok_s", "adapter_loads", "hit_rate")
+
+
+def sweep_seeds(seeds, **kw) -> dict:
+    """:func:`run` once per seed; per workload, router, rate and metric: every seed's
+    value, the median and the worst (TTFT and adapter loads: largest; throughput and hit
+    rate: smallest)."""
+    import statistics
+
+    runs = {seed: run(seed=seed, **kw) for seed in seeds}
+    first = next(iter(runs.values()))
+    out: dict = {"seeds": list(runs), "workloads": {}}
+    for wname, per_router in first["workloads"].items():
+        out["workloads"][wname] = {}
+        for router, row in per_router.items():
+            cell: dict = {"rate": row["rate"]}
+            for metric in SWEPT:
+                per_rate = []
+                for k in range(len(row["rate"])):
+                    values = [runs[s]["workloads"][wname][router][metric][k] for s in runs]
+                    worst = (max if metric in ("ttft_p90_s", "adapter_loads") else min)(values)
+                    per_rate.append({"values": values, "median": statistics.median(values),
+                                     "worst": worst})
+                cell[metric] = per_rate
+            out["workloads"][wname][router] = cell
+    return out
+
+
+def seed_table(results: dict) -> list[str]:
+    """The sweep as text: median (worst) per router and rate."""
+    lines = [f"seeds {results['seeds']}: median (worst)"]
+    for wname, per_router in results["workloads"].items():
+        lines.append(f"\n{wname}")
+        lines.append(f"{'router':16} {'rate':>6} {'TTFT p90 s':>18} {'tok/s':>18} "
+                     f"{'adapter loads':>16} {'hit rate':>14}")
+        for router, cell in per_router.items():
+            for k, rate in enumerate(cell["rate"]):
+                p90, tok = cell["ttft_p90_s"][k], cell["throughput_tok_s"][k]
+                loads, hit = cell["adapter_loads"][k], cell["hit_rate"][k]
+                lines.append(
+                    f"{router:16} {rate:>6g} {p90['median']:>9.3f} ({p90['worst']:.3f})"
+                    f" {tok['median']:>9.0f} ({tok['worst']:.0f})"
+                    f" {loads['median']:>8.0f} ({loads['worst']:.0f})"
+                    f" {hit['median']:>7.2f} ({hit['worst']:.2f})")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -354,6 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--routers", default=",".join(ROUTERS))
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seeds", type=int, default=0, metavar="N",
+                    help="the seed sweep: run seeds --seed .. --seed+N-1 and report, per "
+                    "router and rate, the median and the worst (largest TTFT p90, smallest "
+                    "throughput) over them")
     ap.add_argument("--scrape-interval-ms", type=float, default=50.0)
     ap.add_argument("--weights", help="epick's weights, e.g. load=1,prefix-cache=3,"
                     "lora-affinity=1 (default: DEFAULT_WEIGHTS)")
@@ -377,6 +428,19 @@ def main(argv: list[str] | None = None) -> int:
         rates = {k: tuple(float(r) for r in v.split(":"))
                  for k, v in (kv.split("=") for kv in args.rates.split(","))}
     console = Console(width=160)
+    if args.seeds:
+        results = sweep_seeds(range(args.seed, args.seed + args.seeds), quick=args.quick,
+                              workloads=tuple(args.workloads.split(",")),
+                              routers=tuple(args.routers.split(",")),
+                              scrape_interval_ms=args.scrape_interval_ms, weights=weights,
+                              rates=rates)
+        for line in seed_table(results):
+            console.print(line)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(results, indent=1))
+            console.print(f"wrote {args.json}")
+        return 0
     results = run(quick=args.quick, workloads=tuple(args.workloads.split(",")),
                   routers=tuple(args.routers.split(",")), seed=args.seed,
                   scrape_interval_ms=args.scrape_interval_ms, weights=weights, rates=rates,

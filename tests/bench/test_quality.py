@@ -59,3 +59,14 @@ def test_plots_are_written(results, tmp_path):
 def test_unknown_router_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown router 'nope'"):
         quality.make_router("nope", None, 0)
+
+
+def test_the_seed_sweep_reports_median_and_worst_per_seed():
+    got = quality.sweep_seeds(
+        (1, 2), quick=True, workloads=("zero-hit",), routers=("round-robin", "epick"),
+        rates={"zero-hit": (10.0,)})
+    cell = got["workloads"]["zero-hit"]["epick"]["ttft_p90_s"][0]
+    assert len(cell["values"]) == 2
+    assert cell["worst"] == max(cell["values"])
+    assert min(cell["values"]) <= cell["median"] <= cell["worst"]
+    assert any("round-robin" in line for line in quality.seed_table(got))
