@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import wasmtime
-from timing import SPURIOUS, per_call_us
+from timing import SPURIOUS, per_call_us, snapshot
 
 from epick import abi
 from epick.runtime import Limits, PolicyOutOfFuel, PolicyTimeout, Runtime, WasmPolicy
@@ -54,21 +54,6 @@ SPIN = TRIVIAL.replace(
 DIST = Path(__file__).resolve().parent.parent / "policies" / "dist"
 
 
-
-
-def snapshot(n: int) -> abi.Snapshot:
-    return abi.Snapshot(
-        version=1,
-        timestamp_ms=1_700_000_000_000,
-        endpoints=tuple(
-            abi.EndpointMetrics(
-                address=f"10.0.{i // 256}.{i % 256}:8000", waiting=i % 9, running=i % 5,
-                kv_usage=(i % 10) / 10, running_adapters=("a", "b")[: i % 3],
-                waiting_adapters=("c",) if i % 4 == 1 else (), max_lora=4,
-            )
-            for i in range(n)
-        ),
-    )
 
 
 def main() -> None:

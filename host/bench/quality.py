@@ -390,6 +390,13 @@ def seed_table(results: dict) -> list[str]:
     return lines
 
 
+def _write_json(console, path: Path | None, results: dict) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=1))
+        console.print(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -436,10 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                               rates=rates)
         for line in seed_table(results):
             console.print(line)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(results, indent=1))
-            console.print(f"wrote {args.json}")
+        _write_json(console, args.json, results)
         return 0
     results = run(quick=args.quick, workloads=tuple(args.workloads.split(",")),
                   routers=tuple(args.routers.split(",")), seed=args.seed,
@@ -447,10 +451,7 @@ def main(argv: list[str] | None = None) -> int:
                   progress=console.print)
     for t in _tables(results):
         console.print(t)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1))
-        console.print(f"wrote {args.json}")
+    _write_json(console, args.json, results)
     if args.plots:
         for p in plot(results, args.plots):
             console.print(f"wrote {p}")
@@ -486,8 +487,5 @@ def _main_trace(args) -> int:
                   f"{args.max_tokens} tokens")
     for t in _tables(results):
         console.print(t)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1))
-        console.print(f"wrote {args.json}")
+    _write_json(console, args.json, results)
     return 0
