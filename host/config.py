@@ -86,6 +86,9 @@ class PoolConfig(_Table):
     scrape_interval_ms: PositiveMs = 50
     stale_after_ms: PositiveMs = 2000
     timeout_ms: PositiveMs = 5000
+    scrape_in: Literal["process", "loop"] = "process"
+    """Fetch and parse pages in a child process (the event loop stays free for picks)
+    or on the event loop itself."""
     endpoints: list[EndpointSpec] = []
 
     def __post_init__(self) -> None:

@@ -216,7 +216,8 @@ class Service:
         )
         self.pool = Pool(pc.endpoints, scrape_interval_ms=pc.scrape_interval_ms,
                          stale_after_ms=pc.stale_after_ms, timeout_ms=pc.timeout_ms,
-                         on_scrape=self.scheduler.assignments.scraped)
+                         on_scrape=self.scheduler.assignments.scraped,
+                         scrape_in=pc.scrape_in)
         self.scheduler.pool_status = self.pool.status
         self.manager = PolicyManager(
             self.runtime, self.scheduler,

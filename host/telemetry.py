@@ -70,6 +70,7 @@ SCRAPE_ERROR_REASONS = (
     "parse",  # the body is not Prometheus text
     "missing-metric",  # a required metric (queue, KV) is absent
     "invalid-value",  # a metric holds a value outside its domain
+    "worker",  # the scrape worker process died or hung (scrape_in = "process")
 )
 
 # The host's own per-pick work is a few to a few hundred µs (DESIGN.md: keep it well

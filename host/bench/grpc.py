@@ -1,7 +1,9 @@
 """`epick bench pick --grpc`: Pick over real gRPC beside a no-op RPC, side by side, in one run.
 
 Starts one ``epick serve`` process per setup — 8 endpoints scraped every 50 ms, 64
-endpoints scraped every 50 ms, and 64 endpoints not scraped after the first round — all
+endpoints scraped every 50 ms, 64 endpoints not scraped after the first round (pages
+parsed by the scrape worker process, the default), and 64 endpoints scraped every 50 ms
+with pages parsed on the event loop (``scrape_in = "loop"``, for contrast) — all
 against vLLM-like /metrics pages served by a process of their own
 (:mod:`epick.bench.pages`; the pages change on every answer, so every scrape parses and
 every round rebuilds the snapshot). Only one setup runs at a time: the others are
@@ -87,6 +89,8 @@ class Setup:
     name: str
     endpoints: int
     scrape_ms: int
+    scrape_in: str = "process"
+    """``[pool] scrape_in``: pages parsed by the worker process, or on the event loop."""
     proc: subprocess.Popen | None = None
     target: str = ""
     metrics_url: str = ""
@@ -100,7 +104,7 @@ class Setup:
         lines = ["version = 1", "[server]", 'listen = "127.0.0.1:0"',
                  'metrics_listen = "127.0.0.1:0"',
                  "[admin]", 'listen = ""', "[pool]", f"scrape_interval_ms = {self.scrape_ms}",
-                 f"stale_after_ms = {stale}"]
+                 f"stale_after_ms = {stale}", f'scrape_in = "{self.scrape_in}"']
         for i in range(self.endpoints):
             lines += ["[[pool.endpoints]]", f'address = "10.9.{i // 250}.{i % 250}:8000"',
                       f'metrics_url = "http://127.0.0.1:{pages_port}/metrics/{i}"']
@@ -117,6 +121,7 @@ class Setup:
                 [sys.executable, "-m", "epick.cli", "--log-level", "WARNING", "serve",
                  "--config", str(config_path)],
                 stdout=subprocess.PIPE, stderr=err, text=True,
+                start_new_session=True,  # pause/resume/cpu cover its scrape worker too
             )
         line = self.proc.stdout.readline()
         if "serving Pick on" not in line:
@@ -170,26 +175,46 @@ class Setup:
             self.host_us[key] = (median * 1e6, sums[key] / count * 1e6)
 
     def pause(self) -> None:
-        self.proc.send_signal(signal.SIGSTOP)
+        os.killpg(self.proc.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
-        self.proc.send_signal(signal.SIGCONT)
+        os.killpg(self.proc.pid, signal.SIGCONT)
 
     def cpu(self) -> float:
-        """The server process's user + system CPU seconds so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User + system CPU seconds so far of the server and its scrape worker."""
+        total = 0
+        for pid in _tree(self.proc.pid):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # exited between listing and reading
+                continue
+            total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGCONT)
+        os.killpg(self.proc.pid, signal.SIGCONT)
         self.proc.terminate()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc (children of every thread)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return out
 
 
 def requests(count: int) -> list[picker_pb2.PickRequest]:
@@ -315,6 +340,8 @@ def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 
     """
     setups = [Setup(f"{n} endpoints", n, scrape_ms) for n in sizes]
     setups.append(Setup(f"{max(sizes)} endpoints, no scraping", max(sizes), NO_SCRAPE_MS))
+    setups.append(Setup(f"{max(sizes)} endpoints, parsed on the loop", max(sizes), scrape_ms,
+                        scrape_in="loop"))
     reqs = requests(4096)
     pages = subprocess.Popen([sys.executable, "-m", "epick.bench.pages", "--count",
                               str(max(sizes))], stdout=subprocess.PIPE, text=True)
@@ -322,7 +349,7 @@ def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 
         pages_port = int(pages.stdout.readline())
         with tempfile.TemporaryDirectory() as tmp:
             for s in setups:
-                path = Path(tmp) / f"{s.endpoints}-{s.scrape_ms}.toml"
+                path = Path(tmp) / f"{s.endpoints}-{s.scrape_ms}-{s.scrape_in}.toml"
                 path.write_text(s.config(pages_port))
                 s.start(path)
                 with grpc.insecure_channel(s.target) as ch:  # warm, and check it answers
@@ -344,6 +371,7 @@ def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 
                         if py_spy is not None and round_ == 0 and mode != "par":
                             prof = Profile(s.name, key, py_spy / f"{s.endpoints}-"
                                            f"{'scrape' if s.scrape_ms < NO_SCRAPE_MS else 'idle'}"
+                                           f"-{s.scrape_in}"
                                            f"-{key}.txt", max(1, math.floor(per)))
                             spy = _spy(s.proc.pid, prof.seconds, prof.path)
                         c0, t0 = s.cpu(), time.perf_counter()
@@ -383,7 +411,9 @@ class Ratio:
 
 
 def ratios(setups: list[Setup], sizes, threads: int = 8) -> list[Ratio]:
-    by = {(s.endpoints, s.scrape_ms < NO_SCRAPE_MS): s.phases for s in setups}
+    by = {(s.endpoints, s.scrape_ms < NO_SCRAPE_MS): s.phases for s in setups
+          if s.scrape_in == "process"}
+    on_loop = next((s.phases for s in setups if s.scrape_in == "loop"), None)
     out = []
     for n in sizes:
         p = by[(n, True)]
@@ -408,6 +438,11 @@ def ratios(setups: list[Setup], sizes, threads: int = 8) -> list[Ratio]:
     r = on["seq_pick"].p99 / off["seq_pick"].p99
     out.append(Ratio(f"Pick p99 with ÷ without scraping, 1 client, {n} endpoints", r,
                      "<= 1.20", r <= 1.20))
+    if on_loop is not None:  # the same with pages parsed on the event loop, for contrast
+        for q in ("p50", "p99"):
+            r = getattr(on_loop["seq_pick"], q) / getattr(off["seq_pick"], q)
+            out.append(Ratio(f"Pick {q} with ÷ without scraping, parsed on the loop", r,
+                             "(contrast)", True))
     return out
 
 
@@ -500,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
             "started": t_start, "cpu_count": os.cpu_count(),
             "loadavg_before": load_before, "loadavg_after": load_after,
             "setups": [{"name": s.name, "endpoints": s.endpoints, "scrape_ms": s.scrape_ms,
+                        "scrape_in": s.scrape_in,
                         "host_us": s.host_us,
                         "phases": {k: {"calls_per_s": p.rate, "calls": p.calls,
                                        "p50_us": p.p50 if p.latencies_us else None,

@@ -21,8 +21,8 @@ import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal, Protocol
 
-import aiohttp
 import anyio
 import msgspec
 from anyio.abc import TaskStatus
@@ -30,11 +30,13 @@ from prometheus_client import Gauge
 
 from epick import abi, telemetry
 from epick.pool.errors import ScrapeError
-from epick.pool.parse import parse_page
+from epick.pool.fetch import Listing, LocalReader, new_session
+from epick.pool.parse import ScrapedPage
 from epick.pool.spec import EndpointSpec
+from epick.pool.worker import ScrapeWorker
 from epick.scheduler.framework import EndpointInfo, PoolSnapshot
 
-__all__ = ["Pool", "EndpointStatus", "MAX_BACKOFF_MS"]
+__all__ = ["Pool", "EndpointStatus", "MAX_BACKOFF_MS", "SCRAPE_IN"]
 
 log = logging.getLogger("epick.pool")
 
@@ -47,6 +49,20 @@ MODELS_REFRESH_S = 10.0
 #: within about a second, and a dead one costs one connection attempt (and one log
 #: line) a second.
 MAX_BACKOFF_MS = 1000.0
+
+#: Where pages are fetched and parsed: on the pool's event loop, or in a child process
+#: (:mod:`epick.pool.worker`) so that parsing never holds up a pick.
+SCRAPE_IN = ("loop", "process")
+
+
+class Reader(Protocol):
+    """What a scrape loop reads through: :class:`~epick.pool.fetch.LocalReader` (this
+    loop) or :class:`~epick.pool.worker.ScrapeWorker` (a child process)."""
+
+    async def read_page(self, *, url: str, engine: str, address: str,
+                        previous: abi.EndpointMetrics | None, timeout_s: float) -> ScrapedPage: ...
+
+    async def read_models(self, *, url: str, address: str, timeout_s: float) -> Listing: ...
 
 
 class EndpointStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,7 +91,7 @@ class _Endpoint:
     metrics: abi.EndpointMetrics | None = None
     sleeping: bool = False
     page_models: tuple[str, ...] = ()  # model_name labels on the last page
-    listed: tuple[frozenset[str], frozenset[str]] | None = None  # /v1/models: models, adapters
+    listed: Listing | None = None  # what /v1/models says
     models_due: float = -math.inf  # event-loop time of the next /v1/models read
     last_success: float | None = None  # Pool.clock() of the last good scrape
     last_error: str | None = None
@@ -113,9 +129,10 @@ class _Endpoint:
         adapters = frozenset(spec.adapters) if spec.adapters is not None else None
         if spec.discover:
             if models is None and (self.listed is not None or self.page_models):
-                models = frozenset(self.page_models) | (self.listed[0] if self.listed else frozenset())
+                models = frozenset(self.page_models) | (
+                    self.listed.models if self.listed else frozenset())
             if adapters is None and self.listed is not None:
-                adapters = self.listed[1]
+                adapters = self.listed.adapters
         facts = dict(
             models=models,
             adapters=adapters,
@@ -124,17 +141,6 @@ class _Endpoint:
         )
         self.info_fresh = EndpointInfo(fresh=True, **facts)
         self.info_stale = EndpointInfo(fresh=False, **facts)
-
-
-class _Model(msgspec.Struct):
-    id: str
-    parent: str | None = None
-
-
-class _ModelList(msgspec.Struct):
-    """The part of an OpenAI ``/v1/models`` answer the pool reads."""
-
-    data: list[_Model]
 
 
 class Pool:
@@ -156,6 +162,10 @@ class Pool:
     on_scrape:
         Called with the address after every good scrape (the scheduler's
         :class:`~epick.scheduler.assignments.Assignments` resets "picks since scrape").
+    scrape_in:
+        ``"loop"``: fetch and parse on this event loop. ``"process"``: in a child process
+        that :meth:`run` owns (:mod:`epick.pool.worker`); the loop then spends a few µs
+        per scrape instead of the parse's few hundred.
 
     Threading: :attr:`snapshot` may be read from any thread (one attribute read of an
     immutable object). Everything else must be called from the event loop thread that
@@ -172,7 +182,10 @@ class Pool:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         on_scrape: Callable[[str], None] | None = None,
+        scrape_in: Literal["loop", "process"] = "loop",
     ) -> None:
+        if scrape_in not in SCRAPE_IN:
+            raise ValueError(f"Pool scrape_in must be one of {SCRAPE_IN}, got {scrape_in!r}")
         for name, value in (
             ("scrape_interval_ms", scrape_interval_ms),
             ("stale_after_ms", stale_after_ms),
@@ -183,10 +196,11 @@ class Pool:
         self._interval_s = scrape_interval_ms / 1000
         self._stale_after_s = stale_after_ms / 1000
         self._timeout_s = timeout_ms / 1000
-        self._timeout_ms = timeout_ms
         self._clock = clock
         self._wall_clock = wall_clock
         self._on_scrape = on_scrape
+        self.worker = ScrapeWorker() if scrape_in == "process" else None
+        """The child process that reads pages (``scrape_in="process"``), else ``None``."""
 
         self._endpoints: dict[str, _Endpoint] = {}
         self._snapshot = PoolSnapshot.build(abi.Snapshot(version=0, timestamp_ms=0))
@@ -275,6 +289,8 @@ class Pool:
             if address not in updated:
                 self._stop(old)
                 telemetry.forget_endpoint(address)
+                if self.worker is not None and self._tg is not None:
+                    self._tg.start_soon(self.worker.forget, address)
         self._endpoints = updated
         self._publish()
 
@@ -295,9 +311,10 @@ class Pool:
 
         Resources: each endpoint loop owns one ``aiohttp.ClientSession`` holding one
         kept-alive connection (environment proxies ignored), closed when the loop ends;
-        the loops share one TLS context. aiohttp, not httpx: scraping is the service's
-        biggest background cost (64 endpoints × 20/s), and an aiohttp GET costs ~5× less
-        CPU than an httpx one here (~60–120 µs vs ~600 µs, C-accelerated parser). The
+        the loops share one TLS context. With ``scrape_in="process"`` the sessions live
+        in the worker process instead, which this task group owns and stops.
+        aiohttp, not httpx: scraping is the service's biggest background cost (64
+        endpoints × 20/s), and an aiohttp GET costs ~5× less CPU than an httpx one here (~60–120 µs vs ~600 µs, C-accelerated parser). The
         service runs on asyncio anyway (grpc.aio needs it).
         """
         if self._tg is not None:
@@ -308,6 +325,8 @@ class Pool:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 try:
+                    if self.worker is not None:
+                        await tg.start(self.worker.run)
                     for ep in self._endpoints.values():
                         self._start(ep)
                     await self._round(deadline=None)
@@ -364,52 +383,29 @@ class Pool:
     async def _loop(self, ep: _Endpoint) -> None:
         assert ep.scope is not None
         with ep.scope:
-            async with aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self._timeout_s),
-                connector=aiohttp.TCPConnector(limit=1, ssl=self._tls or True),
-                trust_env=False,
-                auto_decompress=True,
-            ) as client:
-                while True:
-                    assert ep.wake is not None
-                    await ep.wake.wait()
-                    ep.wake = anyio.Event()
-                    try:
-                        await self._scrape(ep, client)
-                    finally:
-                        self._finished(ep)
+            if self.worker is not None:
+                await self._serve(ep, self.worker)
+            else:
+                async with new_session(self._timeout_s, self._tls) as client:
+                    await self._serve(ep, LocalReader(client))
 
-    async def _fetch(self, client: aiohttp.ClientSession, url: str) -> str:
-        """GET ``url``; the page text, or ScrapeError (timeout, network, http-status)."""
-        try:
-            with anyio.fail_after(self._timeout_s):
-                async with client.get(url, allow_redirects=False) as response:
-                    if response.status != 200:
-                        raise ScrapeError(
-                            url, f"HTTP {response.status} {response.reason or ''}".rstrip(),
-                            kind="http-status",
-                        )
-                    return await response.text(errors="replace")
-        except TimeoutError as exc:  # anyio's deadline and aiohttp's both raise it
-            raise ScrapeError(
-                url, f"no answer within {self._timeout_ms:g} ms", kind="timeout"
-            ) from exc
-        except aiohttp.ClientError as exc:
-            detail = str(exc) or type(exc).__name__
-            raise ScrapeError(url, detail, kind="network") from exc
+    async def _serve(self, ep: _Endpoint, reader: Reader) -> None:
+        while True:
+            assert ep.wake is not None
+            await ep.wake.wait()
+            ep.wake = anyio.Event()
+            try:
+                await self._scrape(ep, reader)
+            finally:
+                self._finished(ep)
 
-    async def _scrape(self, ep: _Endpoint, client: aiohttp.ClientSession) -> None:
+    async def _scrape(self, ep: _Endpoint, reader: Reader) -> None:
         """Fetch and parse once; record the result on ``ep``. Never raises ScrapeError."""
         url = ep.spec.url
         try:
-            text = await self._fetch(client, url)
-            page = parse_page(
-                text,
-                engine=ep.spec.engine,
-                url=url,
-                previous=ep.metrics,
-                address=ep.spec.address,
-            )
+            page = await reader.read_page(url=url, engine=ep.spec.engine,
+                                          address=ep.spec.address, previous=ep.metrics,
+                                          timeout_s=self._timeout_s)
         except ScrapeError as err:
             self._failed(ep, err)
             return
@@ -427,7 +423,7 @@ class Pool:
             ep.models_due = -math.inf  # a new served name (a restart?): list again now
         ep.sleeping, ep.page_models = page.sleeping, page.models
         if ep.spec.discover and anyio.current_time() >= ep.models_due:
-            changed |= await self._list_models(ep, client)
+            changed |= await self._list_models(ep, reader)
         if changed:
             ep.refresh_info()
         ep.last_success = self._clock()
@@ -436,7 +432,7 @@ class Pool:
         if self._on_scrape is not None:
             self._on_scrape(ep.spec.address)
 
-    async def _list_models(self, ep: _Endpoint, client: aiohttp.ClientSession) -> bool:
+    async def _list_models(self, ep: _Endpoint, reader: Reader) -> bool:
         """Read ``/v1/models``: base models (no ``parent``) and adapters (with one).
 
         Best effort: a failure keeps what was listed before (or nothing) and retries
@@ -445,23 +441,18 @@ class Pool:
         ep.models_due = anyio.current_time() + MODELS_REFRESH_S
         url = ep.spec.models_url
         try:
-            with anyio.fail_after(self._timeout_s):
-                async with client.get(url, allow_redirects=False) as response:
-                    if response.status != 200:
-                        raise ValueError(f"HTTP {response.status}")
-                    body = msgspec.json.decode(await response.read(), type=_ModelList)
-        except (TimeoutError, aiohttp.ClientError, ValueError, msgspec.DecodeError) as exc:
+            listed = await reader.read_models(url=url, address=ep.spec.address,
+                                              timeout_s=self._timeout_s)
+        except ValueError as exc:
             if ep.listed is None:
                 log.debug("no model listing at %s (%s): serves any model", url, exc)
             return False
-        models = frozenset(m.id for m in body.data if not m.parent)
-        adapters = frozenset(m.id for m in body.data if m.parent)
-        listed = (models, adapters)
         if listed == ep.listed:
             return False
         ep.listed = listed
         log.info("%s serves models %s, adapters %s", ep.spec.address,
-                 ", ".join(sorted(models)) or "-", ", ".join(sorted(adapters)) or "-")
+                 ", ".join(sorted(listed.models)) or "-",
+                 ", ".join(sorted(listed.adapters)) or "-")
         return True
 
     def _failed(self, ep: _Endpoint, err: ScrapeError) -> None:

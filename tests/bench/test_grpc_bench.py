@@ -6,7 +6,8 @@ from epick.bench import grpc as bench
 def test_a_tiny_run_measures_every_setup_phase_and_ratio():
     setups = bench.measure(sizes=(2,), threads=2, streams=1, window=4, seconds=0.3, rounds=1,
                            settle_s=0.2)
-    assert [(s.endpoints, s.scrape_ms) for s in setups] == [(2, 50), (2, bench.NO_SCRAPE_MS)]
+    assert [(s.endpoints, s.scrape_ms, s.scrape_in) for s in setups] == [
+        (2, 50, "process"), (2, bench.NO_SCRAPE_MS, "process"), (2, 50, "loop")]
     for s in setups:
         assert set(s.phases) == {"seq_noop", "seq_pick", "par_noop", "par_pick", "stream_pick"}
         assert all(ph.calls > 0 and ph.rate > 0 for ph in s.phases.values()), s.name
@@ -21,6 +22,8 @@ def test_a_tiny_run_measures_every_setup_phase_and_ratio():
         "PickStream ÷ unary Pick picks/s, 2 endpoints",
         "Pick p50 with ÷ without scraping, 1 client, 2 endpoints",
         "Pick p99 with ÷ without scraping, 1 client, 2 endpoints",
+        "Pick p50 with ÷ without scraping, parsed on the loop",
+        "Pick p99 with ÷ without scraping, parsed on the loop",
     ]
 
 

@@ -9,14 +9,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import pytest
 from fakes import FakeClock
 
 from epick import abi
 from epick.pool import EndpointSpec, Pool
+from epick.pool.pool import SCRAPE_IN
 from epick.scheduler.filters import AwakeFilter, ServesModelFilter
 from epick.scheduler.framework import Cycle
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(params=SCRAPE_IN)
+def scrape_in(request) -> str:
+    """Each test runs with pages and listings read on the loop and by the worker."""
+    return request.param
 
 
 def page(name: str) -> str:
@@ -29,11 +37,11 @@ async def settle(pool: Pool, cond, timeout=5.0):
             await anyio.sleep(0.01)
 
 
-async def test_models_and_adapters_are_learned_from_the_page_and_v1_models(fake_vllm):
+async def test_models_and_adapters_are_learned_from_the_page_and_v1_models(fake_vllm, scrape_in):
     server = fake_vllm(page("vllm_idle.txt"))
     server.documents["/v1/models"] = page("vllm_models.json")
     pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
-                clock=FakeClock())
+                clock=FakeClock(), scrape_in=scrape_in)
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
         await settle(pool, lambda: pool.snapshot.info and pool.snapshot.info[0].adapters)
@@ -49,11 +57,11 @@ async def test_models_and_adapters_are_learned_from_the_page_and_v1_models(fake_
     assert pick(model="llama-70b") == ()
 
 
-async def test_pinned_models_win_over_what_the_engine_reports(fake_vllm):
+async def test_pinned_models_win_over_what_the_engine_reports(fake_vllm, scrape_in):
     server = fake_vllm(page("vllm_idle.txt"))
     server.documents["/v1/models"] = page("vllm_models.json")
     spec = EndpointSpec(address=server.address, models=["alias"], adapters=["only-this"])
-    pool = Pool([spec], scrape_interval_ms=20, clock=FakeClock())
+    pool = Pool([spec], scrape_interval_ms=20, clock=FakeClock(), scrape_in=scrape_in)
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
         await anyio.sleep(0.1)
@@ -62,10 +70,10 @@ async def test_pinned_models_win_over_what_the_engine_reports(fake_vllm):
     assert (info.models, info.adapters) == (frozenset({"alias"}), frozenset({"only-this"}))
 
 
-async def test_no_listing_means_the_page_labels_decide_the_model_and_any_adapter(fake_vllm):
+async def test_no_listing_means_the_page_labels_decide_the_model_and_any_adapter(fake_vllm, scrape_in):
     server = fake_vllm(page("vllm_idle.txt"))  # /v1/models answers the page: not JSON
     pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
-                clock=FakeClock())
+                clock=FakeClock(), scrape_in=scrape_in)
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
         info = pool.snapshot.info[0]
@@ -73,10 +81,10 @@ async def test_no_listing_means_the_page_labels_decide_the_model_and_any_adapter
     assert (info.models, info.adapters) == (frozenset({"tiny-llama"}), None)
 
 
-async def test_a_sleeping_engine_is_published_asleep_and_filtered_out(fake_vllm):
+async def test_a_sleeping_engine_is_published_asleep_and_filtered_out(fake_vllm, scrape_in):
     awake, asleep = fake_vllm(page("vllm_idle.txt")), fake_vllm(page("vllm_sleeping.txt"))
     pool = Pool([EndpointSpec(address=s.address) for s in (awake, asleep)],
-                scrape_interval_ms=20, clock=FakeClock())
+                scrape_interval_ms=20, clock=FakeClock(), scrape_in=scrape_in)
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
         snap = pool.snapshot
@@ -89,11 +97,11 @@ async def test_a_sleeping_engine_is_published_asleep_and_filtered_out(fake_vllm)
         tg.cancel_scope.cancel()
 
 
-async def test_every_good_scrape_is_reported_so_picks_since_scrape_reset(fake_vllm):
+async def test_every_good_scrape_is_reported_so_picks_since_scrape_reset(fake_vllm, scrape_in):
     good, bad = fake_vllm(page("vllm_idle.txt")), fake_vllm("not a page")
     seen: list[str] = []
     pool = Pool([EndpointSpec(address=s.address) for s in (good, bad)], scrape_interval_ms=20,
-                clock=FakeClock(), on_scrape=seen.append)
+                clock=FakeClock(), on_scrape=seen.append, scrape_in=scrape_in)
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
         await settle(pool, lambda: seen.count(good.address) >= 3)

@@ -16,11 +16,24 @@ from fakes import FakeClock, FakeVLLM, vllm_page
 
 from epick import telemetry
 from epick.pool import EndpointSpec, Pool
+from epick.pool.pool import SCRAPE_IN
 
 INTERVAL_MS = 10
 
+#: Pool arguments every test here gets; ``scrape_in`` below runs each test both ways.
+DEFAULTS: dict[str, object] = {}
+
+
+@pytest.fixture(autouse=True, params=SCRAPE_IN)
+def scrape_in(request, monkeypatch) -> str:
+    """Every test runs with pages read on the loop and read by the worker process."""
+    monkeypatch.setitem(DEFAULTS, "scrape_in", request.param)
+    return request.param
+
 
 def make_pool(servers: list[FakeVLLM], clock: FakeClock, **kw) -> Pool:
+    for key, value in DEFAULTS.items():
+        kw.setdefault(key, value)
     kw.setdefault("scrape_interval_ms", INTERVAL_MS)
     kw.setdefault("stale_after_ms", 1000)
     kw.setdefault("timeout_ms", 2000)
@@ -356,7 +369,7 @@ async def test_the_spec_engine_and_metrics_url_are_used_and_the_address_is_the_i
         "sglang:num_queue_reqs 4\nsglang:num_running_reqs 1\nsglang:token_usage 0.5\n"
     )
     spec = EndpointSpec(address="pod-a:30000", metrics_url=sglang.url, engine="sglang")
-    pool = Pool([spec], clock=fake_clock, scrape_interval_ms=INTERVAL_MS)
+    pool = Pool([spec], clock=fake_clock, scrape_interval_ms=INTERVAL_MS, **DEFAULTS)
     async with running(pool):
         (metrics,) = pool.snapshot.snapshot.endpoints
         assert (metrics.address, metrics.waiting, metrics.running, metrics.kv_usage) == (

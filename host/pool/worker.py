@@ -1,0 +1,343 @@
+"""The scrape worker: a child process that fetches and parses metrics pages for the pool.
+
+Why a process: parsing a vLLM page is ~300 µs of pure Python, 64 endpoints every 50 ms
+are ~1,300 pages a second, and on the event loop every one of them holds up the picks
+waiting behind it (Pick p99 ×3 with scraping in ``docs/performance.md``). A thread would
+not help — the parser holds the GIL. In the child, the loop's cost per scrape is one
+request written and one answer decoded (a few µs each).
+
+Protocol (this module is both ends of it): the parent writes requests on the child's
+stdin, the child writes one answer per request on its stdout, in any order, matched by
+``id``. Each frame is a 4-byte big-endian length and a msgpack array (a tagged
+:class:`Request` or :class:`Answer`). The child keeps no state but one HTTP session per
+endpoint address; the parent's :class:`~epick.pool.pool.Pool` keeps all of it (rounds,
+back-off, freshness, the last good metrics it passes as ``previous``). The child exits
+when its stdin closes, so it never outlives the parent.
+
+Ownership: :meth:`ScrapeWorker.run` owns the process — it starts it, restarts it after
+:data:`RESTART_S` if it dies (every call in flight then fails with ``kind="worker"`` and
+the pool backs off as for any failed scrape), and stops it when cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import aiohttp
+import anyio
+import msgspec
+from anyio.abc import Process, TaskStatus
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from epick import abi
+from epick.pool.errors import ScrapeError
+from epick.pool.fetch import Listing, new_session, read_models, read_page
+from epick.pool.parse import ScrapedPage
+
+__all__ = ["ScrapeWorker", "RESTART_S"]
+
+log = logging.getLogger("epick.pool")
+
+#: Wait before starting a worker again after it died.
+RESTART_S = 1.0
+
+#: A frame longer than this is a protocol error (a page answer is a few KiB).
+MAX_FRAME = 64 << 20
+
+_LEN = struct.Struct(">I")
+
+
+# --- the protocol ---------------------------------------------------------------------
+
+
+class PageRequest(msgspec.Struct, array_like=True, tag="page"):
+    id: int
+    url: str
+    engine: str
+    address: str
+    previous: abi.EndpointMetrics | None
+    timeout_s: float
+
+
+class ModelsRequest(msgspec.Struct, array_like=True, tag="models"):
+    id: int
+    url: str
+    address: str
+    timeout_s: float
+
+
+class Forget(msgspec.Struct, array_like=True, tag="forget"):
+    """The endpoint left the pool: close its session."""
+
+    address: str
+
+
+Request = PageRequest | ModelsRequest | Forget
+
+
+class PageAnswer(msgspec.Struct, array_like=True, tag="page"):
+    id: int
+    page: ScrapedPage
+
+
+class ModelsAnswer(msgspec.Struct, array_like=True, tag="models"):
+    id: int
+    listing: Listing
+
+
+class Failed(msgspec.Struct, array_like=True, tag="failed"):
+    id: int
+    reason: str
+    kind: str
+    """A ScrapeError kind; ``""`` for a models listing that failed."""
+
+
+Answer = PageAnswer | ModelsAnswer | Failed
+
+_encode = msgspec.msgpack.Encoder().encode
+
+
+def _frame(message: msgspec.Struct) -> bytes:
+    body = _encode(message)
+    return _LEN.pack(len(body)) + body
+
+
+# --- the parent's end -----------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class _Call:
+    url: str
+    done: anyio.Event = field(default_factory=anyio.Event)
+    answer: Answer | None = None
+
+
+class ScrapeWorker:
+    """The parent's handle on the worker process; used from the pool's event loop only."""
+
+    def __init__(self, command: list[str] | None = None) -> None:
+        self._command = command or [sys.executable, "-m", "epick.pool.worker"]
+        self._proc: Process | None = None
+        self._calls: dict[int, _Call] = {}
+        self._next_id = 0
+        self._lock = anyio.Lock()  # one writer at a time on the child's stdin
+        self.starts = 0
+        """Processes started (1 + restarts); for tests and logs."""
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep a worker running until cancelled; ``started()`` once the first is spawned."""
+        decoder = msgspec.msgpack.Decoder(Answer)
+        started = False
+        while True:
+            proc = await anyio.open_process(
+                self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
+            )
+            self.starts += 1
+            self._proc = proc
+            if not started:
+                task_status.started()
+                started = True
+            try:
+                await self._read_answers(proc, decoder)
+            finally:
+                self._proc = None
+                with anyio.CancelScope(shield=True):
+                    code = await _stop(proc)
+                self._fail_all(f"the scrape worker exited (code {code})")
+            log.error("scrape worker exited with code %s; starting another in %.0f s",
+                      code, RESTART_S)
+            await anyio.sleep(RESTART_S)
+
+    async def _read_answers(self, proc: Process, decoder: msgspec.msgpack.Decoder) -> None:
+        assert proc.stdout is not None
+        stream = BufferedByteReceiveStream(proc.stdout)
+        try:
+            while True:
+                (size,) = _LEN.unpack(await stream.receive_exactly(_LEN.size))
+                if size > MAX_FRAME:
+                    log.error("scrape worker sent a %d-byte frame; restarting it", size)
+                    return
+                try:
+                    answer = decoder.decode(await stream.receive_exactly(size))
+                except msgspec.DecodeError as exc:
+                    log.error("scrape worker sent a bad frame (%s); restarting it", exc)
+                    return
+                call = self._calls.pop(answer.id, None)
+                if call is not None:  # else its caller gave up (timeout, cancelled)
+                    call.answer = answer
+                    call.done.set()
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.ClosedResourceError):
+            return
+
+    def _fail_all(self, reason: str) -> None:
+        calls, self._calls = self._calls, {}
+        for call_id, call in calls.items():
+            call.answer = Failed(id=call_id, reason=reason, kind="worker")
+            call.done.set()
+
+    async def _call(self, url: str, make: type, timeout_s: float, **fields) -> Answer:
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            raise ScrapeError(url, "the scrape worker is restarting", kind="worker")
+        self._next_id += 1
+        call_id = self._next_id
+        call = self._calls[call_id] = _Call(url)
+        try:
+            frame = _frame(make(id=call_id, url=url, timeout_s=timeout_s, **fields))
+            async with self._lock:
+                await proc.stdin.send(frame)
+            # The child enforces timeout_s; this bound only covers a child that hangs.
+            with anyio.fail_after(timeout_s + 2.0):
+                await call.done.wait()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise ScrapeError(url, "the scrape worker is restarting", kind="worker") from exc
+        except TimeoutError as exc:
+            raise ScrapeError(
+                url, f"the scrape worker did not answer within {timeout_s + 2.0:g} s",
+                kind="worker",
+            ) from exc
+        finally:
+            self._calls.pop(call_id, None)
+        assert call.answer is not None
+        return call.answer
+
+    async def read_page(
+        self, *, url: str, engine: str, address: str,
+        previous: abi.EndpointMetrics | None, timeout_s: float,
+    ) -> ScrapedPage:
+        """:func:`epick.pool.fetch.read_page`, in the worker."""
+        answer = await self._call(url, PageRequest, timeout_s, engine=engine,
+                                  address=address, previous=previous)
+        if isinstance(answer, PageAnswer):
+            return answer.page
+        if isinstance(answer, Failed):
+            raise ScrapeError(url, answer.reason, kind=answer.kind)
+        raise ScrapeError(url, "the scrape worker answered a page read with a listing",
+                          kind="worker")
+
+    async def read_models(self, *, url: str, address: str, timeout_s: float) -> Listing:
+        """:func:`epick.pool.fetch.read_models`, in the worker (``ValueError`` if none)."""
+        try:
+            answer = await self._call(url, ModelsRequest, timeout_s, address=address)
+        except ScrapeError as exc:
+            raise ValueError(exc.reason) from exc
+        if isinstance(answer, ModelsAnswer):
+            return answer.listing
+        raise ValueError(answer.reason if isinstance(answer, Failed) else "bad answer")
+
+    async def forget(self, address: str) -> None:
+        """Close the worker's session for an endpoint that left the pool (best effort)."""
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            return
+        try:
+            async with self._lock:
+                await proc.stdin.send(_frame(Forget(address=address)))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+
+
+async def _stop(proc: Process) -> int | None:
+    """Close the child's stdin (it exits on EOF); kill it if it has not after 2 s."""
+    if proc.stdin is not None:
+        try:
+            await proc.stdin.aclose()
+        except (anyio.BrokenResourceError, OSError):
+            pass
+    with anyio.move_on_after(2.0):
+        return await proc.wait()
+    proc.kill()
+    return await proc.wait()
+
+
+# --- the child's end ------------------------------------------------------------------
+
+
+async def _serve(reader: asyncio.StreamReader, out) -> None:
+    decoder = msgspec.msgpack.Decoder(Request)
+    tls = ssl.create_default_context()
+    sessions: dict[str, aiohttp.ClientSession] = {}
+    write_lock = asyncio.Lock()
+
+    async def answer(message: msgspec.Struct) -> None:
+        async with write_lock:
+            out.write(_frame(message))
+            await out.drain()
+
+    def session(address: str, timeout_s: float) -> aiohttp.ClientSession:
+        client = sessions.get(address)
+        if client is None or client.closed:
+            client = sessions[address] = new_session(timeout_s, tls)
+        return client
+
+    async def handle(req: PageRequest | ModelsRequest) -> None:
+        client = session(req.address, req.timeout_s)
+        try:
+            if isinstance(req, PageRequest):
+                page = await read_page(client, url=req.url, engine=req.engine,
+                                       address=req.address, previous=req.previous,
+                                       timeout_s=req.timeout_s)
+                reply: msgspec.Struct = PageAnswer(id=req.id, page=page)
+            else:
+                listing = await read_models(client, url=req.url, timeout_s=req.timeout_s)
+                reply = ModelsAnswer(id=req.id, listing=listing)
+        except ScrapeError as exc:
+            reply = Failed(id=req.id, reason=exc.reason, kind=exc.kind)
+        except ValueError as exc:  # a models listing
+            reply = Failed(id=req.id, reason=str(exc), kind="")
+        except Exception as exc:  # a parser bug must cost one scrape, not the worker
+            log.exception("reading %s failed unexpectedly", req.url)
+            reply = Failed(id=req.id, reason=f"{type(exc).__name__}: {exc}", kind="parse")
+        await answer(reply)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            while True:
+                try:
+                    (size,) = _LEN.unpack(await reader.readexactly(_LEN.size))
+                    req = decoder.decode(await reader.readexactly(size))
+                except asyncio.IncompleteReadError:
+                    tg.cancel_scope.cancel()  # stdin closed: the parent is done with us
+                    return
+                if isinstance(req, Forget):
+                    client = sessions.pop(req.address, None)
+                    if client is not None:
+                        await client.close()
+                else:
+                    tg.start_soon(handle, req)
+    finally:
+        with anyio.CancelScope(shield=True):
+            for client in sessions.values():
+                await client.close()
+
+
+async def _main() -> None:
+    loop = asyncio.get_running_loop()
+    # The protocol owns the real stdout; anything else that prints goes to stderr.
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    reader = asyncio.StreamReader(limit=MAX_FRAME)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, os.fdopen(out_fd, "wb", buffering=0))
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    await _serve(reader, writer)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="epick scrape worker: %(message)s")
+    try:
+        anyio.run(_main)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent decides
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The scrape worker process: same pages as the loop, survives its own death, never
+outlives the pool. (Every test of test_pool_scrape.py also runs with the worker.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import anyio
+import pytest
+from fakes import FakeClock
+
+from epick import telemetry
+from epick.pool import EndpointSpec, Pool, ScrapeError
+from epick.pool.parse import parse_page
+from epick.pool.worker import ScrapeWorker
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+async def eventually(predicate, timeout: float = 10.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.01)
+
+
+@pytest.mark.parametrize("name", ["vllm_busy_deferred.txt", "vllm_lora_400.txt",
+                                  "sglang_priority.txt"])
+async def test_the_worker_reads_a_real_page_exactly_as_the_loop_parses_it(fake_vllm, name):
+    text = (FIXTURES / name).read_text()
+    engine = "sglang" if name.startswith("sglang") else "vllm"
+    server = fake_vllm(text)
+    worker = ScrapeWorker()
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        page = await worker.read_page(url=server.url, engine=engine, address=server.address,
+                                      previous=None, timeout_s=5.0)
+        tg.cancel_scope.cancel()
+    assert page == parse_page(text, engine=engine, url=server.url, previous=None,
+                              address=server.address)
+
+
+async def test_a_bad_page_fails_in_the_worker_with_the_parsers_error(fake_vllm):
+    server = fake_vllm("vllm:num_requests_running 1\n")
+    worker = ScrapeWorker()
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        with pytest.raises(ScrapeError) as err:
+            await worker.read_page(url=server.url, engine="vllm", address=server.address,
+                                   previous=None, timeout_s=5.0)
+        tg.cancel_scope.cancel()
+    assert err.value.kind == "missing-metric"
+    assert server.url in str(err.value)
+
+
+async def test_a_killed_worker_is_replaced_and_the_endpoint_keeps_its_metrics(fake_vllm):
+    server = fake_vllm(open(FIXTURES / "vllm_busy_deferred.txt").read())
+    clock = FakeClock()
+    pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
+                stale_after_ms=60_000, clock=clock, scrape_in="process")
+    assert pool.worker is not None
+    errors = telemetry.SCRAPE_ERRORS.labels(server.address, "worker")
+    before = errors._value.get()
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        first = pool.snapshot.snapshot.endpoints
+        assert first and first[0].address == server.address
+        pid = pool.worker._proc.pid
+        server.hang = True  # a scrape is in flight in the worker when it dies
+        await anyio.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+        await eventually(lambda: pool.worker.starts == 2)
+        server.hang = False
+        hits = server.hits
+        await eventually(lambda: server.hits > hits + 3)
+        assert pool.snapshot.snapshot.endpoints[0] == first[0]  # kept, still fresh
+        assert pool.snapshot.info[0].fresh
+        assert pool.worker._proc.pid != pid
+        tg.cancel_scope.cancel()
+    assert errors._value.get() >= before + 1  # the scrape it was doing failed as "worker"
+
+
+async def test_stopping_the_pool_stops_the_worker(fake_vllm):
+    server = fake_vllm(open(FIXTURES / "vllm_busy_deferred.txt").read())
+    pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
+                scrape_in="process")
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        proc = pool.worker._proc
+        tg.cancel_scope.cancel()
+    assert proc.returncode is not None  # reaped, not orphaned
+
+
+def test_scrape_in_must_be_loop_or_process():
+    with pytest.raises(ValueError, match="scrape_in must be one of"):
+        Pool([], scrape_in="thread")
