@@ -4,7 +4,9 @@ Starts N model-server stand-ins in a child process (stdlib HTTP servers, keep-al
 each serving a vLLM-v1-sized page: the five gauges the pool reads plus 14 histograms it
 skips, ~37 KB), runs a :class:`~epick.pool.Pool` over them in this process for a few
 seconds and prints scrapes per second, this process's CPU per scrape and its share of
-one core. The servers' own CPU is not counted. Prints; asserts nothing.
+one core — once with pages parsed on this process's event loop (``scrape_in = "loop"``)
+and once by the scrape worker process (``"process"``, whose own CPU is printed beside).
+The servers' own CPU is not counted. Prints; asserts nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import anyio
 
-from epick.pool.pool import Pool
+from epick.pool.pool import SCRAPE_IN, Pool
 from epick.pool.spec import EndpointSpec
 
 _MODEL = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--endpoints", type=int, default=16)
     parser.add_argument("--interval-ms", type=float, default=50)
     parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--scrape-in", choices=(*SCRAPE_IN, "both"), default="both")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -93,33 +96,56 @@ def main(argv: list[str] | None = None) -> None:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy(),
     )  # fmt: skip
     assert child.stdin is not None and child.stdout is not None
+    modes = SCRAPE_IN if args.scrape_in == "both" else (args.scrape_in,)
     try:
         addresses = child.stdout.readline().split()
-        pool = Pool([EndpointSpec(address=a) for a in addresses],
-                    scrape_interval_ms=args.interval_ms)  # fmt: skip
-
-        async def measure() -> tuple[float, float]:
-            async with anyio.create_task_group() as tg:
-                await tg.start(pool.run)
-                cpu, wall = time.process_time(), time.perf_counter()
-                await anyio.sleep(args.seconds)
-                cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-                tg.cancel_scope.cancel()
-            return cpu, wall
-
-        cpu, wall = anyio.run(measure)
-        child.stdin.close()
-        scrapes = int(child.stdout.readline())
+        for mode in modes:
+            _measure(addresses, mode, args)
     finally:
         child.kill()
         child.wait()
+
+
+def _cpu_of(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _measure(addresses: list[str], mode: str, args: argparse.Namespace) -> None:
+    pool = Pool([EndpointSpec(address=a) for a in addresses],
+                scrape_interval_ms=args.interval_ms, scrape_in=mode)  # fmt: skip
+    scrapes = [0]
+
+    def count(_address: str) -> None:
+        scrapes[0] += 1
+
+    pool._on_scrape = count
+
+    async def measure() -> tuple[float, float, float]:
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            worker = pool.worker._proc.pid if pool.worker and pool.worker._proc else None
+            w0 = _cpu_of(worker) if worker else 0.0
+            n0 = scrapes[0]
+            cpu, wall = time.process_time(), time.perf_counter()
+            await anyio.sleep(args.seconds)
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            w = _cpu_of(worker) - w0 if worker else 0.0
+            scrapes[0] -= n0
+            tg.cancel_scope.cancel()
+        return cpu, wall, w
+
+    cpu, wall, worker_cpu = anyio.run(measure)
+    n = max(scrapes[0], 1)
     wanted = args.endpoints * 1000 / args.interval_ms
     fresh = sum(s.fresh for s in pool.status())
+    extra = (f"; worker {worker_cpu / n * 1e6:.0f} us per scrape, "
+             f"{worker_cpu / wall * 100:.0f}% of a core" if mode == "process" else "")
     print(
-        f"{args.endpoints} endpoints every {args.interval_ms:g} ms for {wall:.1f} s: "
-        f"{scrapes / wall:.0f} scrapes/s (schedule asks {wanted:.0f}/s), "
-        f"{cpu / max(scrapes, 1) * 1e6:.0f} us CPU per scrape, "
-        f"pool process at {cpu / wall * 100:.0f}% of one core, {fresh}/{args.endpoints} fresh"
+        f"scrape_in={mode}: {args.endpoints} endpoints every {args.interval_ms:g} ms for "
+        f"{wall:.1f} s: {scrapes[0] / wall:.0f} scrapes/s (schedule asks {wanted:.0f}/s), "
+        f"{cpu / n * 1e6:.0f} us CPU per scrape in the pool's process, at "
+        f"{cpu / wall * 100:.0f}% of one core{extra}, {fresh}/{args.endpoints} fresh"
     )
 
 

@@ -123,7 +123,9 @@ class ScrapeWorker:
     """The parent's handle on the worker process; used from the pool's event loop only."""
 
     def __init__(self, command: list[str] | None = None) -> None:
-        self._command = command or [sys.executable, "-m", "epick.pool.worker"]
+        # Not ``-m epick.pool.worker``: runpy would import this module twice.
+        self._command = command or [sys.executable, "-c",
+                                    "from epick.pool.worker import main; main()"]
         self._proc: Process | None = None
         self._calls: dict[int, _Call] = {}
         self._next_id = 0
