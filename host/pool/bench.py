@@ -124,7 +124,7 @@ def _measure(addresses: list[str], mode: str, args: argparse.Namespace) -> None:
     async def measure() -> tuple[float, float, float]:
         async with anyio.create_task_group() as tg:
             await tg.start(pool.run)
-            worker = pool.worker._proc.pid if pool.worker and pool.worker._proc else None
+            worker = pool.worker.pid if pool.worker else None
             w0 = _cpu_of(worker) if worker else 0.0
             n0 = scrapes[0]
             cpu, wall = time.process_time(), time.perf_counter()

@@ -289,8 +289,8 @@ class Pool:
             if address not in updated:
                 self._stop(old)
                 telemetry.forget_endpoint(address)
-                if self.worker is not None and self._tg is not None:
-                    self._tg.start_soon(self.worker.forget, address)
+                if self.worker is not None:
+                    self.worker.forget(address)
         self._endpoints = updated
         self._publish()
 

@@ -66,7 +66,7 @@ async def test_a_killed_worker_is_replaced_and_the_endpoint_keeps_its_metrics(fa
         await tg.start(pool.run)
         first = pool.snapshot.snapshot.endpoints
         assert first and first[0].address == server.address
-        pid = pool.worker._proc.pid
+        pid = pool.worker.pid
         server.hang = True  # a scrape is in flight in the worker when it dies
         await anyio.sleep(0.1)
         os.kill(pid, signal.SIGKILL)
@@ -76,7 +76,7 @@ async def test_a_killed_worker_is_replaced_and_the_endpoint_keeps_its_metrics(fa
         await eventually(lambda: server.hits > hits + 3)
         assert pool.snapshot.snapshot.endpoints[0] == first[0]  # kept, still fresh
         assert pool.snapshot.info[0].fresh
-        assert pool.worker._proc.pid != pid
+        assert pool.worker.pid != pid
         tg.cancel_scope.cancel()
     assert errors._value.get() >= before + 1  # the scrape it was doing failed as "worker"
 
@@ -95,3 +95,19 @@ async def test_stopping_the_pool_stops_the_worker(fake_vllm):
 def test_scrape_in_must_be_loop_or_process():
     with pytest.raises(ValueError, match="scrape_in must be one of"):
         Pool([], scrape_in="thread")
+
+
+async def test_a_hung_worker_is_restarted_and_its_calls_fail_as_worker_errors():
+    import sys
+
+    hang = [sys.executable, "-c", "import sys; sys.stdin.buffer.read()"]  # never answers
+    worker = ScrapeWorker(command=hang)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        with anyio.fail_after(10), pytest.raises(ScrapeError) as err:
+            await worker.read_page(url="http://127.0.0.1:9/metrics", engine="vllm",
+                                   address="127.0.0.1:9", previous=None, timeout_s=0.1)
+        await eventually(lambda: worker.starts == 2)
+        tg.cancel_scope.cancel()
+    assert err.value.kind == "worker"
+    assert "exited" in err.value.reason
