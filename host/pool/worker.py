@@ -47,6 +47,11 @@ log = logging.getLogger("epick.pool")
 #: Wait before starting a worker again after it died.
 RESTART_S = 1.0
 
+#: The watchdog looks every WATCH_S seconds and restarts a worker that stayed silent,
+#: with calls past their deadline, for HUNG_TICKS looks in a row.
+WATCH_S = 0.5
+HUNG_TICKS = 4
+
 #: A frame longer than this is a protocol error (a page answer is a few KiB).
 MAX_FRAME = 64 << 20
 
@@ -136,6 +141,8 @@ class ScrapeWorker:
         self._next_id = 0
         self.starts = 0
         """Processes started (1 + restarts); for tests and logs."""
+        self.answers = 0
+        """Answers read from every worker so far (the watchdog's sign of life)."""
 
     @property
     def pid(self) -> int | None:
@@ -184,6 +191,7 @@ class ScrapeWorker:
                 except msgspec.DecodeError as exc:
                     log.error("scrape worker sent a bad frame (%s); restarting it", exc)
                     return
+                self.answers += 1
                 call = self._calls.pop(answer.id, None)
                 if call is not None and not call.answer.done():  # else its caller gave up
                     call.answer.set_result(answer)
@@ -191,16 +199,22 @@ class ScrapeWorker:
             return
 
     async def _watch(self, scope: anyio.CancelScope) -> None:
-        """Restart a worker that holds a call past its deadline (it enforces timeouts
-        itself, so only a hung worker does)."""
+        """Restart a worker that has gone silent: calls past their deadline and no answer
+        at all for :data:`HUNG_TICKS` ticks in a row. The worker bounds every read itself,
+        so only a hung worker is silent that long; counting ticks, not clock time, keeps a
+        paused or starved process (SIGSTOP, a loaded machine) from looking hung when it
+        resumes."""
         loop = asyncio.get_running_loop()
+        strikes, seen = 0, self.answers
         while True:
-            await anyio.sleep(0.5)
+            await anyio.sleep(WATCH_S)
             now = loop.time()
-            late = next((c for c in self._calls.values() if c.deadline < now), None)
-            if late is not None:
-                log.error("scrape worker did not answer for %s in time; restarting it",
-                          late.url)
+            overdue = any(c.deadline < now for c in self._calls.values())
+            strikes = strikes + 1 if overdue and self.answers == seen else 0
+            seen = self.answers
+            if strikes >= HUNG_TICKS:
+                log.error("scrape worker answered nothing for %d checks with calls past "
+                          "their deadline; restarting it", strikes)
                 scope.cancel()
                 return
 

@@ -111,3 +111,29 @@ async def test_a_hung_worker_is_restarted_and_its_calls_fail_as_worker_errors():
         tg.cancel_scope.cancel()
     assert err.value.kind == "worker"
     assert "exited" in err.value.reason
+
+
+async def test_a_paused_pool_and_worker_resume_without_a_restart(fake_vllm):
+    """A stopped worker (SIGSTOP: a busy machine, a debugger, the benchmark's pauses)
+    past every deadline must not be restarted once it answers again."""
+    server = fake_vllm(open(FIXTURES / "vllm_busy_deferred.txt").read())
+    worker = ScrapeWorker()
+    pages = []
+
+    async def read() -> None:
+        pages.append(await worker.read_page(url=server.url, engine="vllm",
+                                            address=server.address, previous=None,
+                                            timeout_s=0.1))
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        pid = worker.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            tg.start_soon(read)
+            await anyio.sleep(3.0)  # past the call's deadline (0.1 + 2 s); watchdog ticks
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await eventually(lambda: pages)
+        assert worker.starts == 1 and worker.pid == pid
+        tg.cancel_scope.cancel()
