@@ -130,7 +130,9 @@ class _ReplayError(Exception):
 @dataclass(slots=True)
 class _Task:
     source: EventSource
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    scope: anyio.CancelScope | None = None
+    """Made when the task starts (a cancel scope needs a running loop)."""
+    cancelled: bool = False
     stats: EndpointStats = field(default_factory=EndpointStats)
 
 
@@ -172,7 +174,9 @@ class KvSubscriber:
         for address in list(self._tasks):
             if want.get(address) != self._tasks[address].source:
                 task = self._tasks.pop(address)
-                task.scope.cancel()
+                task.cancelled = True
+                if task.scope is not None:
+                    task.scope.cancel()
                 self.index.drop(address)
                 if self.on_drop is not None:
                     self.on_drop(address)
@@ -203,7 +207,9 @@ class KvSubscriber:
     # -- one endpoint ------------------------------------------------------------------
 
     async def _endpoint(self, task: _Task) -> None:
-        with task.scope:
+        with anyio.CancelScope() as task.scope:
+            if task.cancelled:
+                return
             backoff = 0.5
             while True:
                 try:
