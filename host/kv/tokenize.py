@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+import numpy as np
+
 __all__ = [
     "BytesTokenizer",
     "HfTokenizer",
@@ -103,7 +105,7 @@ class BytesTokenizer(_PickMixin):
         pad = -len(data) % 4
         if pad:
             data += b"\0" * pad
-        return [int.from_bytes(data[i : i + 4], "little") for i in range(0, len(data), 4)]
+        return np.frombuffer(data, "<u4").tolist()  # 10x a Python loop (bench/kv.py)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         from epick.chat import serialize_messages
@@ -168,8 +170,12 @@ class HfTokenizer(_PickMixin):
     def has_chat_template(self) -> bool:
         return self._template is not None
 
+    def _encode(self, text: str, special: bool) -> list[int]:
+        # encode_batch_fast skips the offsets: ~30% less per 1 k tokens (bench/kv.py).
+        return self._tok.encode_batch_fast([text], add_special_tokens=special)[0].ids
+
     def encode_prompt(self, prompt: str) -> list[int]:
-        ids = self._tok.encode(prompt, add_special_tokens=True).ids
+        ids = self._encode(prompt, True)
         # A config asking for BOS the post-processor does not add (older Llama files).
         if self._add_bos and self._bos_id is not None and (not ids or ids[0] != self._bos_id):
             ids = [self._bos_id, *ids]
@@ -183,7 +189,7 @@ class HfTokenizer(_PickMixin):
                                          **self.special)
         except Exception as exc:
             raise TokenizerError(f"{self.name}: chat template failed: {exc}") from None
-        return self._tok.encode(text, add_special_tokens=False).ids
+        return self._encode(text, False)
 
 
 def _compile(template: str, where: str):
