@@ -10,6 +10,7 @@ from pathlib import Path
 from epick.config import Config, ConfigError
 from epick.kv.hashing import BlockHasher, HashConfigError
 from epick.kv.index import KvIndex
+from epick.kv.metrics import KV_STATS
 from epick.kv.routing import KvRouting
 from epick.kv.subscriber import EventSource, KvSubscriber
 from epick.kv.tokenize import TokenizerError, load_tokenizer
@@ -52,6 +53,7 @@ class KvEvents:
                            lora_discovery=kc.discover_lora_paths,
                            on_lora_paths=routing.set_lora_paths, on_drop=routing.forget)
         sub.set_endpoints(sources(config.pool.endpoints))
+        KV_STATS.source = lambda: (sub.stats(), index)
         return cls(routing, sub)
 
     def set_endpoints(self, specs: Sequence[EndpointSpec]) -> None:

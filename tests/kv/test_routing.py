@@ -153,6 +153,11 @@ def test_pick_explanations_show_what_each_engine_holds(tmp_path):
             assert got == want
             stats = svc.call(lambda: svc.service.kv.subscriber.stats())
             assert all(s.bad_frames == 0 and s.gaps == 0 for s in stats.values())
+            from epick.telemetry import REGISTRY
+            labels = {"endpoint": fakes[1].address}
+            assert REGISTRY.get_sample_value("epick_kv_index_blocks", labels) == len(hashes)
+            assert REGISTRY.get_sample_value("epick_kv_frames_total", labels) >= 1
+            assert REGISTRY.get_sample_value("epick_kv_bad_frames_total", labels) == 0
     finally:
         for p in pubs:
             p.close()
