@@ -24,11 +24,12 @@ _DEVICE = (None, "GPU")
 
 
 class _Blocks:
-    __slots__ = ("hashes", "uncertain")
+    __slots__ = ("hashes", "uncertain", "block_size")
 
     def __init__(self) -> None:
         self.hashes: dict[int, None] = {}
         self.uncertain = False
+        self.block_size = 0
 
 
 class KvIndex:
@@ -57,6 +58,7 @@ class KvIndex:
             if isinstance(ev, BlockStored):
                 if ev.medium not in _DEVICE or (ev.group_idx or 0) != 0:
                     continue
+                ep.block_size = ev.block_size
                 for h in ev.block_hashes:
                     k = hash64(h)
                     hashes.pop(k, None)
@@ -99,6 +101,11 @@ class KvIndex:
     def drop(self, address: str) -> None:
         """The endpoint left the pool: forget it entirely (matched answers -1)."""
         self._eps.pop(address, None)
+
+    def block_size(self, address: str) -> int:
+        """The block size the endpoint's last BlockStored carried; 0 = none seen."""
+        ep = self._eps.get(address)
+        return 0 if ep is None else ep.block_size
 
     def size(self, address: str) -> int:
         ep = self._eps.get(address)

@@ -2,8 +2,8 @@
 
 ``KvRouting.counts(request, endpoints, candidates)`` → ``(prefix_blocks, prefix_matched)``,
 one entry per candidate (``ScoreInput.prefix_blocks`` / ``prefix_matched``): the request's
-full blocks as that endpoint's engine hashes them (its block size from the snapshot,
-``cache_config_info``; the adapter's path on that endpoint), and how many leading ones its
+full blocks as that endpoint's engine hashes them (its block size as its events carry
+it, else as its ``cache_config_info`` reports it; the adapter's path on that endpoint), and how many leading ones its
 own KV events say it holds (-1 = no event stream, or its index is uncertain).
 
 Cost is bounded: the prompt is tokenized once per distinct (prompt) and hashed once per
@@ -96,7 +96,8 @@ class KvRouting:
         adapter = request.adapter
         for i in candidates:
             ep = endpoints[i]
-            bs = self.block_size or ep.block_size
+            # Config override, else what its events carry, else what its metrics report.
+            bs = self.block_size or self.index.block_size(ep.address) or ep.block_size
             if bs <= 0:  # geometry unknown: nothing can be matched
                 blocks.append(0)
                 matched.append(-1)

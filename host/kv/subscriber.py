@@ -214,8 +214,8 @@ class KvSubscriber:
             while True:
                 try:
                     await self._subscribe(task)
-                except (OSError, ValueError, zmq.ZMQError) as exc:
-                    # Discovery or the socket failed: say so, keep the index, retry.
+                except Exception as exc:  # noqa: BLE001 - this task must outlive any failure
+                    # Discovery (HTTP) or the socket failed: say so, keep the index, retry.
                     task.stats.last_error = str(exc)
                     self._rlog.warning(("kv-setup", task.source.address),
                                        "kv events of %s: %s (retrying)", task.source.address, exc)

@@ -62,6 +62,13 @@ def test_cap_evicts_oldest_and_restore_refreshes():
     assert idx.size("a") == 3 and idx.matched("a", [17, 18, 19]) == 3
 
 
+def test_block_size_from_the_events():
+    idx = KvIndex(10)
+    assert idx.block_size("a") == 0
+    idx.apply("a", batch(stored(1)))
+    assert idx.block_size("a") == 32
+
+
 def test_byte_hashes_fold_to_ints():
     idx = KvIndex(10)
     digest = bytes(range(32))

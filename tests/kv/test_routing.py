@@ -39,7 +39,8 @@ def test_counts_from_the_real_capture():
     last = CAP["requests"][-1]["body"]  # the prompt sent after the reset: held
     req = abi.Request(prompt=last["prompt"])
     n = len(CAP["requests"][-1]["prompt_token_ids"]) // 32
-    endpoints = (ep("r0:1"), ep("other:1"), ep("r0:1", block_size=0))
+    # Block size: its events say 32 (a wrong metric loses), unknown without either.
+    endpoints = (ep("r0:1", block_size=64), ep("other:1"), ep("none:1", block_size=0))
     assert routing.counts(req, endpoints, (0, 1, 2)) == ((n, n, 0), (n, -1, -1))
     # The same text with a salt is another tenant's cache: nothing matches.
     salted = abi.Request(prompt=last["prompt"], cache_salt="x")

@@ -1,6 +1,7 @@
 """KvSubscriber over real ZMQ sockets: order, gaps (replay or rebuild), late joiners,
 restarts, bad frames, endpoints leaving, and a flood that must not starve the loop."""
 
+import json
 import time
 
 import anyio
@@ -194,3 +195,61 @@ async def test_a_flood_does_not_starve_the_event_loop(pub):
         assert ticks > 50, ticks
         assert elapsed > 0
     await run_sub([source(pub)], body)
+
+
+async def test_discovery_from_kv_event_sources_and_adapter_paths(fake_vllm, pub):
+    fake = fake_vllm()
+    port = pub.events_endpoint.rsplit(":", 1)[1]
+    rport = pub.replay_endpoint.rsplit(":", 1)[1]
+    # What vLLM 0.32 answers (tests/kv/fixtures/vllm_events.json kv_event_sources).
+    fake.documents["/kv_event_sources"] = json.dumps({"0": {
+        "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}",
+        "replay_endpoint": f"tcp://*:{rport}", "buffer_steps": 10000, "hwm": 100000,
+        "max_queue_size": 100000, "topic": pub.topic.decode()}})
+    fake.documents["/v1/models"] = json.dumps({"data": [
+        {"id": "m", "root": "/models/m", "parent": None},
+        {"id": "sql", "root": "/adapters/sql", "parent": "m"}]})
+    pub.publish(stored(42))
+    seen = {}
+    idx = KvIndex(100)
+    sub = KvSubscriber(idx, on_lora_paths=lambda a, p: seen.update({a: p}))
+    sub.set_endpoints([EventSource(fake.address, "discover")])
+    async with anyio.create_task_group() as tg:
+        await tg.start(sub.run)
+        await until(lambda: idx.matched(fake.address, [42]) == 1, "replayed via discovery")
+        tg.cancel_scope.cancel()
+    assert seen == {fake.address: {"sql": "/adapters/sql"}}
+    assert sub.stats()[fake.address].connected == f"tcp://127.0.0.1:{port}"
+
+
+async def test_discovery_failures_are_reported_and_retried(fake_vllm):
+    fake = fake_vllm()
+    fake.documents["/kv_event_sources"] = json.dumps({"0": {"enable_kv_cache_events": False}})
+    idx = KvIndex(100)
+    sub = KvSubscriber(idx, lora_discovery=False)
+    sub.set_endpoints([EventSource(fake.address, "discover")])
+    async with anyio.create_task_group() as tg:
+        await tg.start(sub.run)
+        await until(lambda: "KV events are off" in sub.stats()[fake.address].last_error,
+                    "the reason")
+        fake.documents["/kv_event_sources"] = "not json"
+        await until(lambda: "/kv_event_sources" in sub.stats()[fake.address].last_error
+                    and "off" not in sub.stats()[fake.address].last_error, "a retry")
+        tg.cancel_scope.cancel()
+    assert idx.matched(fake.address, []) == -1  # never subscribed: unknown, not empty
+
+
+async def test_an_unreachable_endpoint_does_not_end_the_subscriber(pub):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    idx = KvIndex(100)
+    sub = KvSubscriber(idx, lora_discovery=False)
+    sub.set_endpoints([EventSource(dead, "discover"), source(pub)])
+    async with anyio.create_task_group() as tg:
+        await tg.start(sub.run)
+        await until(lambda: sub.stats()[dead].last_error != "", "the failure")
+        await wait_joined(sub, pub)  # the other endpoint still works
+        tg.cancel_scope.cancel()
