@@ -31,6 +31,7 @@ __all__ = [
     "AdminConfig",
     "ExtProcConfig",
     "DecisionsConfig",
+    "KvEventsConfig",
     "load",
     "loads",
     "resolve_module",
@@ -217,6 +218,36 @@ class DecisionsConfig(_Table):
     """zlib-compress the records (one stream per file, one chunk per batch)."""
 
 
+class KvEventsConfig(_Table):
+    """Precise prefix routing from the engines' KV-cache events (endpoints' ``kv_events``)."""
+
+    tokenizer: str = ""
+    """The model's tokenizer folder (``tokenizer.json`` + ``tokenizer_config.json``),
+    relative to the config file, or ``bytes`` (the simulator's). Required when an endpoint
+    sets ``kv_events``."""
+    hash_algo: Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"] = "sha256"
+    """The engines' ``prefix_caching_hash_algo``."""
+    hash_seed: str = ""
+    """The engines' ``PYTHONHASHSEED``, if they set one (it seeds vLLM's NONE_HASH);
+    empty = unset (vLLM's fixed default for sha256). Required for xxhash."""
+    max_blocks_per_endpoint: Annotated[int, Meta(ge=1, le=1 << 26)] = 200_000
+    """Index bound per endpoint; the oldest blocks are forgotten beyond it."""
+    block_size: Annotated[int, Meta(ge=0)] = 0
+    """Tokens per block; 0 = what each endpoint reports (``cache_config_info``)."""
+    lora_paths: dict[str, str] = {}
+    """Adapter name -> the path the engines loaded it from (vLLM hashes it into LoRA
+    blocks); an endpoint's own ``/v1/models`` answer wins when ``discover_lora_paths``."""
+    discover_lora_paths: bool = True
+    replay_timeout_ms: PositiveMs = 5000
+
+    def __post_init__(self) -> None:
+        if self.hash_algo.startswith("xxhash") and not self.hash_seed:
+            raise ValueError(
+                f"kv_events.hash_algo {self.hash_algo!r} needs kv_events.hash_seed: unseeded "
+                "vLLM engines hash with a random per-process seed (set PYTHONHASHSEED on "
+                "them and the same value here)")
+
+
 class Config(_Table):
     version: int
     server: ServerConfig = ServerConfig()
@@ -227,8 +258,13 @@ class Config(_Table):
     admin: AdminConfig = AdminConfig()
     ext_proc: ExtProcConfig = ExtProcConfig()
     decisions: DecisionsConfig = DecisionsConfig()
+    kv_events: KvEventsConfig = KvEventsConfig()
 
     def __post_init__(self) -> None:
+        kv = [e.address for e in self.pool.endpoints if e.kv_events]
+        if kv and not self.kv_events.tokenizer:
+            raise ValueError(f"kv_events.tokenizer is required: endpoint {kv[0]!r} sets "
+                             "kv_events (a tokenizer folder, or 'bytes' for the simulator)")
         if self.version != CONFIG_VERSION:
             raise ValueError(
                 f"unsupported config version {self.version}; this epick reads version "

@@ -6,6 +6,7 @@
       ├─ _health_loop             SERVING once an endpoint is fresh and policies are loaded
       ├─ _checkpoint_loop         policies' last good state, once a second, between picks
       ├─ _watch_config            file changes and SIGHUP -> reload (a bad file is refused)
+      ├─ KvSubscriber             one ZMQ task per endpoint's KV events ([kv_events]; epick.kv)
       ├─ DecisionLog writer       [decisions] log: a thread the lifespan starts and joins
       └─ _watch_policy_dir        NAME.wasm created/changed -> validated hot swap
 
@@ -37,6 +38,7 @@ from epick.api.admin import MAX_MODULE_BYTES, AdminService
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker_pb2_grpc
 from epick.api.picker import PickerService
 from epick.config import Config, ConfigError, load, resolve_module
+from epick.kv.service import KvEvents
 from epick.policy_manager import PolicyManager, PolicyRejected, read_module
 from epick.policy_store import PolicyStore
 from epick.pool import Pool
@@ -219,6 +221,9 @@ class Service:
                          on_scrape=self.scheduler.assignments.scraped,
                          scrape_in=pc.scrape_in)
         self.scheduler.pool_status = self.pool.status
+        # KV-cache events (precise prefix routing): None unless an endpoint sets kv_events.
+        self.kv = KvEvents.from_config(config, config_path)
+        self.scheduler.kv = self.kv.routing if self.kv is not None else None
         self.manager = PolicyManager(
             self.runtime, self.scheduler,
             require_conformance=config.admin.require_conformance,
@@ -333,6 +338,12 @@ class Service:
             log.warning("%s: [server]/[admin] changes need a restart; applying the rest",
                         self.config_path)
         self.pool.set_endpoints(new.pool.endpoints)
+        if self.kv is not None:
+            self.kv.set_endpoints(new.pool.endpoints)
+        if new.kv_events != self.config.kv_events or (
+                self.kv is None and any(e.kv_events for e in new.pool.endpoints)):
+            log.warning("%s: [kv_events] changes (or turning KV events on) need a restart",
+                        self.config_path)
         self.scheduler.admission = AdmissionFilter(new.admission.queue_threshold,
                                                    new.admission.kv_threshold)
         self.config = new
@@ -403,6 +414,8 @@ class Service:
             async with anyio.create_task_group() as tg:
                 self._cancel = tg.cancel_scope
                 await tg.start(self.pool.run)
+                if self.kv is not None:
+                    await tg.start(self.kv.subscriber.run)
                 await server.start()
                 if admin is not None:
                     await admin.start()

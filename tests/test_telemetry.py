@@ -41,11 +41,16 @@ def test_every_service_metric_is_declared_with_its_type_and_labels():
 #: Read at scrape time from the live plugins (telemetry.POLICY_STATS), not declared.
 COLLECTED = {"epick_policy_recoveries", "epick_policy_timeout_retries",
              "epick_policy_breaker_opens", "epick_policy_breaker_open"}
+#: Read at scrape time from the KV-event subscribers (epick.kv.metrics.KV_STATS).
+KV_COLLECTED = {"epick_kv_frames", "epick_kv_bad_frames", "epick_kv_gaps", "epick_kv_replays",
+                "epick_kv_replay_failures", "epick_kv_restarts", "epick_kv_index_blocks"}
 
 
 def test_service_metrics_are_in_the_dedicated_registry_only():
+    import epick.kv.metrics  # noqa: F401 - registers KV_COLLECTED (the service imports it)
+
     ours = {m.name for m in telemetry.REGISTRY.collect()}
-    assert ours == set(EXPECTED) | COLLECTED
+    assert ours == set(EXPECTED) | COLLECTED | KV_COLLECTED
     default = {m.name for m in prometheus_client.REGISTRY.collect()}
     assert not ours & default
 

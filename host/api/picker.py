@@ -181,6 +181,7 @@ def to_response(decision) -> picker_pb2.PickResponse:
                 filtered_by=c.filtered_by, rank=c.rank, shadow_scores=c.shadow_scores,
                 reason=c.reason,
                 in_flight=c.in_flight, picked_since_scrape=c.picked_since_scrape,
+                prefix_blocks=c.prefix_blocks, prefix_matched=c.prefix_matched,
             )
     return resp
 

@@ -273,6 +273,18 @@ class _Recorded:
     def completed(self, address: str) -> None:
         pass
 
+
+class _RecordedKv:
+    """Stands in for the KV-events seam during one replayed decision: the recorded
+    per-candidate prefix counts (the engines' events are not in the log)."""
+
+    def __init__(self, counts: dict[str, tuple[int, int]]) -> None:
+        self._counts = counts
+
+    def counts(self, request, endpoints, candidates):
+        got = [self._counts.get(endpoints[i].address, (0, -1)) for i in candidates]
+        return tuple(c[0] for c in got), tuple(c[1] for c in got)
+
     def scraped(self, address: str) -> None:
         pass
 
@@ -617,6 +629,10 @@ class Replayer:
                 rec.picked_since_scrape[k] if rec.picked_since_scrape else 0)
              for k, c in enumerate(rec.candidates)},
             bool(rec.in_flight or rec.picked_since_scrape))
+        live_kv = sched.kv
+        sched.kv = _RecordedKv(
+            {endpoints[c].address: (rec.prefix_blocks[k], rec.prefix_matched[k])
+             for k, c in enumerate(rec.candidates)}) if rec.prefix_blocks else None
         try:
             d = sched.schedule(request, explain=True)
         except SchedulingError as exc:
@@ -625,6 +641,7 @@ class Replayer:
             return
         finally:
             sched.assignments = live_assignments
+            sched.kv = live_kv
             sched.policies = live_set
             for w in recovering:  # a recovery in a hook the policy does not have
                 w.recover()

@@ -156,6 +156,10 @@ class DecisionRec(_Rec, tag="d"):
     """Per candidate, as the policies saw it (``ScoreInput.in_flight``); () = all 0."""
     picked_since_scrape: tuple[int, ...] = ()
     """Per candidate (``ScoreInput.picked_since_scrape``); () = all 0."""
+    prefix_blocks: tuple[int, ...] = ()
+    """Per candidate (``ScoreInput.prefix_blocks``); () = KV events off."""
+    prefix_matched: tuple[int, ...] = ()
+    """Per candidate (``ScoreInput.prefix_matched``); () = KV events off."""
 
 
 class CompletionRec(_Rec, tag="c"):

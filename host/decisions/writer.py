@@ -222,7 +222,8 @@ class DecisionLog:
         self._enqueued += 1
         self._queue.append((decision, cycle.request, cycle.pool, cycle.now_ms, policies,
                             candidates, scores, shadow_scores, picked, _marks(policies),
-                            cycle.assigned(tuple(candidates))))
+                            cycle.assigned(tuple(candidates)),
+                            cycle.kv_counts(tuple(candidates))))
 
     def completion(self, decision_id, event, endpoint, prompt_tokens, completion_tokens,
                    ttft_s) -> None:
@@ -270,7 +271,7 @@ class DecisionLog:
                     return
             self._gap(buf)
             try:
-                if len(item) == 11:  # a decision (a completion has 8)
+                if len(item) == 12:  # a decision (a completion has 8)
                     self._encode_decision(buf, item)
                     kinds.append("decision")
                 else:
@@ -504,7 +505,7 @@ class DecisionLog:
 
     def _encode_decision(self, buf: bytearray, item) -> None:
         (decision, request, pool, now_ms, policies, candidates, scores, shadow_scores,
-         picked, marks, (in_flight, since)) = item
+         picked, marks, (in_flight, since), (prefix_blocks, prefix_matched)) = item
         if not self._header_written:
             self._header(buf, decision.decision_id, first_is_decision=True)
         pid = self._policies(buf, policies)
@@ -518,6 +519,7 @@ class DecisionLog:
             request=self._features(request), candidates=tuple(candidates), scores=packed,
             picked=tuple(picked), skipped=tuple(decision.skipped),
             in_flight=in_flight, picked_since_scrape=since,
+            prefix_blocks=prefix_blocks, prefix_matched=prefix_matched,
         ))
 
     def _encode_completion(self, buf: bytearray, item) -> None:

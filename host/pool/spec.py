@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 from urllib.parse import urlsplit
 
 import msgspec
 
 __all__ = ["EndpointSpec", "Engine", "ENGINES", "METRICS_PATH"]
+
+_ZMQ_ENDPOINT = re.compile(r"^(tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d{1,5}|ipc://.+)$")
 
 Engine = Literal["vllm", "sglang", "trtllm"]
 ENGINES: tuple[str, ...] = ("vllm", "sglang", "trtllm")
@@ -39,6 +42,13 @@ class EndpointSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """LoRA adapters pinned to it; ``None`` = what the engine reports (``/v1/models``)."""
     discover: bool = True
     """Learn served models and adapters from the engine when not pinned."""
+    kv_events: str = ""
+    """Its engine's KV-cache event publisher (vLLM ``--kv-events-config`` endpoint), e.g.
+    ``tcp://10.0.0.7:5557``, or ``discover`` (ask its ``/kv_event_sources``); empty = off."""
+    kv_replay: str = ""
+    """Its replay socket (``replay_endpoint``), to fill sequence gaps; empty = none."""
+    kv_topic: str = ""
+    """The publisher's topic; empty = every topic on that socket."""
 
     def __post_init__(self) -> None:
         _check_address(self.address)
@@ -49,6 +59,17 @@ class EndpointSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                     f"metrics_url {self.metrics_url!r} of endpoint {self.address!r} is not "
                     "an http(s) URL (e.g. 'http://10.0.0.7:8000/metrics')"
                 )
+        for key, value in (("kv_events", self.kv_events), ("kv_replay", self.kv_replay)):
+            if value and value != "discover" and not _ZMQ_ENDPOINT.match(value):
+                raise ValueError(
+                    f"{key} {value!r} of endpoint {self.address!r} is not a ZMQ endpoint "
+                    "(e.g. 'tcp://10.0.0.7:5557', 'ipc:///run/kv.sock')"
+                    + (" or 'discover'" if key == "kv_events" else ""))
+        if self.kv_replay and not self.kv_events:
+            raise ValueError(f"kv_replay of endpoint {self.address!r} needs kv_events")
+        if self.kv_replay == "discover" or (self.kv_events == "discover" and self.kv_replay):
+            raise ValueError(f"endpoint {self.address!r}: kv_events = 'discover' finds the "
+                             "replay socket too; leave kv_replay empty")
         # A typed decoder has already checked the Literal; this catches direct construction.
         if self.engine not in ENGINES:
             raise ValueError(

@@ -38,6 +38,7 @@ __all__ = [
     "ScorePlugin",
     "PreRequestPlugin",
     "PostResponsePlugin",
+    "KvCounts",
 ]
 
 
@@ -119,6 +120,21 @@ class Cycle:
     """Unix ms of this decision, stamped once by the scheduler so every policy's hooks see
     the same clock (and a replay of the decision log can give them the same again);
     0 = not stamped (plugins use their own clock)."""
+    kv: KvCounts | None = None
+    """Per-candidate KV block counts from the engines' events (``epick.kv.KvRouting``);
+    ``None`` = KV events off: ``prefix_blocks``/``prefix_matched`` stay empty."""
+    _kv: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] = field(
+        default_factory=dict)
+
+    def kv_counts(self, candidates: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(prefix_blocks, prefix_matched)`` per candidate (cached per cycle)."""
+        if self.kv is None:
+            return (), ()
+        got = self._kv.get(candidates)
+        if got is None:
+            got = self._kv[candidates] = self.kv.counts(
+                self.request, self.pool.snapshot.endpoints, candidates)
+        return got
 
     def assigned(self, candidates: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``(in_flight, picked_since_scrape)`` per candidate as the policies see them
@@ -143,6 +159,7 @@ class Cycle:
         blob = self._inputs.get(key)
         if blob is None:
             in_flight, since = self.assigned(candidates)
+            blocks, matched = self.kv_counts(candidates)
             blob = abi.encoder.encode(
                 abi.ScoreInput(
                     snapshot=self.pool.snapshot if inline_snapshot else None,
@@ -150,6 +167,8 @@ class Cycle:
                     candidates=candidates,
                     in_flight=in_flight,
                     picked_since_scrape=since,
+                    prefix_blocks=blocks,
+                    prefix_matched=matched,
                 )
             )
             self._inputs[key] = blob
@@ -170,6 +189,14 @@ class PluginError(Exception):
         self.stage = stage
         self.kind = kind
         self.reason = reason
+
+
+class KvCounts(Protocol):
+    """The KV-events seam (``epick.kv.KvRouting``): the scheduler knows only this."""
+
+    def counts(self, request: abi.Request, endpoints: Sequence[abi.EndpointMetrics],
+               candidates: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        ...
 
 
 @runtime_checkable

@@ -31,7 +31,7 @@ from epick.abi import Criticality
 from epick.ratelog import RateLimitedLog
 from epick.scheduler.assignments import Assignments
 from epick.scheduler.filters import AdmissionFilter, AwakeFilter, FreshFilter, ServesModelFilter
-from epick.scheduler.framework import Cycle, PluginError, PoolSnapshot
+from epick.scheduler.framework import Cycle, KvCounts, PluginError, PoolSnapshot
 from epick.scheduler.picker import MaxScorePicker, Picker
 from epick.scheduler.policyset import PolicySet
 
@@ -121,6 +121,9 @@ class CandidateScore:
     picked_since_scrape: int = 0
     reason: str = ""
     """Why it is not a candidate, in words, beyond the filter's name (no metrics, stale)."""
+    prefix_blocks: int | None = None
+    prefix_matched: int | None = None
+    """KV blocks of the request / held per the endpoint's events (None = KV events off)."""
 
 
 @dataclass(slots=True)
@@ -189,6 +192,9 @@ class Scheduler:
         self.pool_status: Callable[[], Sequence] | None = None
         """The pool's per-endpoint scrape status (``Pool.status``): lets an explanation
         show endpoints that are not in the snapshot, and why (only ``explain`` reads it)."""
+        self.kv: KvCounts | None = None
+        """Per-candidate KV block counts from the engines' events (``epick.kv.KvRouting``);
+        ``None`` = KV events off."""
         # A failing policy fails on every pick: one line per (policy, stage, kind) per 10 s.
         self._rlog = RateLimitedLog(log)
         #: Where decisions and completions are recorded (``epick.decisions.DecisionLog``);
@@ -216,7 +222,7 @@ class Scheduler:
         pool = self._pool()
         policies = self.policies  # one read: a concurrent swap cannot split this pick
         cycle = Cycle(pool=pool, request=request, assignments=self.assignments,
-                      now_ms=int(self._wall_clock() * 1000))
+                      now_ms=int(self._wall_clock() * 1000), kv=self.kv)
         sink = self.decisions
         endpoints = pool.snapshot.endpoints
         candidates = tuple(range(len(endpoints)))
@@ -321,6 +327,9 @@ class Scheduler:
                 else:
                     row.in_flight = in_flight[k] if in_flight else 0
                     row.picked_since_scrape = since[k] if since else 0
+                    if cycle.kv is not None:
+                        blocks, matched = cycle.kv_counts(candidates)
+                        row.prefix_blocks, row.prefix_matched = blocks[k], matched[k]
             if self.pool_status is not None:
                 _add_scrape_reasons(decision.explanation, self.pool_status())
         if log.isEnabledFor(logging.DEBUG):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x65pick/v1/picker.proto\x12\x08\x65pick.v1\"\xb9\x02\n\x0bPickRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12*\n\x0b\x63riticality\x18\x05 \x01(\x0e\x32\x15.epick.v1.Criticality\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x0f\n\x07\x65xplain\x18\x07 \x01(\x08\x12\x33\n\x07headers\x18\x08 \x03(\x0b\x32\".epick.v1.PickRequest.HeadersEntry\x12\x12\n\ncache_salt\x18\t \x01(\t\x12\x14\n\x0cpin_endpoint\x18\n \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x07\n\x05_seed\"t\n\x0cPickResponse\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\x11\n\tfallbacks\x18\x02 \x03(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x03 \x01(\t\x12*\n\x0b\x65xplanation\x18\x04 \x01(\x0b\x32\x15.epick.v1.Explanation\"u\n\x0b\x45xplanation\x12\x32\n\ncandidates\x18\x01 \x03(\x0b\x32\x1e.epick.v1.CandidateExplanation\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\x12\x18\n\x10skipped_policies\x18\x03 \x03(\t\"\x91\x03\n\x14\x43\x61ndidateExplanation\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\r\n\x05total\x18\x02 \x01(\x01\x12:\n\x06scores\x18\x03 \x03(\x0b\x32*.epick.v1.CandidateExplanation.ScoresEntry\x12\x13\n\x0b\x66iltered_by\x18\x04 \x01(\t\x12\x11\n\x04rank\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12G\n\rshadow_scores\x18\x06 \x03(\x0b\x32\x30.epick.v1.CandidateExplanation.ShadowScoresEntry\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x11\n\tin_flight\x18\x08 \x01(\r\x12\x1b\n\x13picked_since_scrape\x18\t \x01(\r\x1a-\n\x0bScoresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11ShadowScoresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05_rank\"\x89\x02\n\x10\x43ompletionReport\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12*\n\x06status\x18\x04 \x01(\x0e\x32\x1a.epick.v1.CompletionStatus\x12\x1a\n\rprompt_tokens\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x1e\n\x11\x63ompletion_tokens\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x19\n\x0cttft_seconds\x18\x07 \x01(\x01H\x02\x88\x01\x01\x42\x10\n\x0e_prompt_tokensB\x14\n\x12_completion_tokensB\x0f\n\r_ttft_seconds\"\x1e\n\rCompletionAck\x12\r\n\x05known\x18\x01 \x01(\x08\"\x80\x01\n\x11PickStreamRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12%\n\x04pick\x18\x02 \x01(\x0b\x32\x15.epick.v1.PickRequestH\x00\x12\x30\n\ncompletion\x18\x03 \x01(\x0b\x32\x1a.epick.v1.CompletionReportH\x00\x42\x06\n\x04kind\"\xa7\x01\n\x12PickStreamResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12&\n\x04pick\x18\x02 \x01(\x0b\x32\x16.epick.v1.PickResponseH\x00\x12-\n\ncompletion\x18\x03 \x01(\x0b\x32\x17.epick.v1.CompletionAckH\x00\x12&\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x15.epick.v1.StreamErrorH\x00\x42\x06\n\x04kind\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t*U\n\x0b\x43riticality\x12\x1b\n\x17\x43RITICALITY_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43RITICAL\x10\x01\x12\x0c\n\x08STANDARD\x10\x02\x12\r\n\tSHEDDABLE\x10\x03*4\n\x10\x43ompletionStatus\x12\x06\n\x02OK\x10\x00\x12\t\n\x05\x45RROR\x10\x01\x12\r\n\tCANCELLED\x10\x02\x32\xdd\x01\n\x0e\x45ndpointPicker\x12\x35\n\x04Pick\x12\x15.epick.v1.PickRequest\x1a\x16.epick.v1.PickResponse\x12G\n\x10ReportCompletion\x12\x1a.epick.v1.CompletionReport\x1a\x17.epick.v1.CompletionAck\x12K\n\nPickStream\x12\x1b.epick.v1.PickStreamRequest\x1a\x1c.epick.v1.PickStreamResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x65pick/v1/picker.proto\x12\x08\x65pick.v1\"\xb9\x02\n\x0bPickRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12*\n\x0b\x63riticality\x18\x05 \x01(\x0e\x32\x15.epick.v1.Criticality\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x0f\n\x07\x65xplain\x18\x07 \x01(\x08\x12\x33\n\x07headers\x18\x08 \x03(\x0b\x32\".epick.v1.PickRequest.HeadersEntry\x12\x12\n\ncache_salt\x18\t \x01(\t\x12\x14\n\x0cpin_endpoint\x18\n \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x07\n\x05_seed\"t\n\x0cPickResponse\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\x11\n\tfallbacks\x18\x02 \x03(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x03 \x01(\t\x12*\n\x0b\x65xplanation\x18\x04 \x01(\x0b\x32\x15.epick.v1.Explanation\"u\n\x0b\x45xplanation\x12\x32\n\ncandidates\x18\x01 \x03(\x0b\x32\x1e.epick.v1.CandidateExplanation\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x04\x12\x18\n\x10skipped_policies\x18\x03 \x03(\t\"\xef\x03\n\x14\x43\x61ndidateExplanation\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\r\n\x05total\x18\x02 \x01(\x01\x12:\n\x06scores\x18\x03 \x03(\x0b\x32*.epick.v1.CandidateExplanation.ScoresEntry\x12\x13\n\x0b\x66iltered_by\x18\x04 \x01(\t\x12\x11\n\x04rank\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12G\n\rshadow_scores\x18\x06 \x03(\x0b\x32\x30.epick.v1.CandidateExplanation.ShadowScoresEntry\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x11\n\tin_flight\x18\x08 \x01(\r\x12\x1b\n\x13picked_since_scrape\x18\t \x01(\r\x12\x1a\n\rprefix_blocks\x18\n \x01(\x05H\x01\x88\x01\x01\x12\x1b\n\x0eprefix_matched\x18\x0b \x01(\x05H\x02\x88\x01\x01\x1a-\n\x0bScoresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11ShadowScoresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05_rankB\x10\n\x0e_prefix_blocksB\x11\n\x0f_prefix_matched\"\x89\x02\n\x10\x43ompletionReport\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12*\n\x06status\x18\x04 \x01(\x0e\x32\x1a.epick.v1.CompletionStatus\x12\x1a\n\rprompt_tokens\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x1e\n\x11\x63ompletion_tokens\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x19\n\x0cttft_seconds\x18\x07 \x01(\x01H\x02\x88\x01\x01\x42\x10\n\x0e_prompt_tokensB\x14\n\x12_completion_tokensB\x0f\n\r_ttft_seconds\"\x1e\n\rCompletionAck\x12\r\n\x05known\x18\x01 \x01(\x08\"\x80\x01\n\x11PickStreamRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12%\n\x04pick\x18\x02 \x01(\x0b\x32\x15.epick.v1.PickRequestH\x00\x12\x30\n\ncompletion\x18\x03 \x01(\x0b\x32\x1a.epick.v1.CompletionReportH\x00\x42\x06\n\x04kind\"\xa7\x01\n\x12PickStreamResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12&\n\x04pick\x18\x02 \x01(\x0b\x32\x16.epick.v1.PickResponseH\x00\x12-\n\ncompletion\x18\x03 \x01(\x0b\x32\x17.epick.v1.CompletionAckH\x00\x12&\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x15.epick.v1.StreamErrorH\x00\x42\x06\n\x04kind\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t*U\n\x0b\x43riticality\x12\x1b\n\x17\x43RITICALITY_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43RITICAL\x10\x01\x12\x0c\n\x08STANDARD\x10\x02\x12\r\n\tSHEDDABLE\x10\x03*4\n\x10\x43ompletionStatus\x12\x06\n\x02OK\x10\x00\x12\t\n\x05\x45RROR\x10\x01\x12\r\n\tCANCELLED\x10\x02\x32\xdd\x01\n\x0e\x45ndpointPicker\x12\x35\n\x04Pick\x12\x15.epick.v1.PickRequest\x1a\x16.epick.v1.PickResponse\x12G\n\x10ReportCompletion\x12\x1a.epick.v1.CompletionReport\x1a\x17.epick.v1.CompletionAck\x12K\n\nPickStream\x12\x1b.epick.v1.PickStreamRequest\x1a\x1c.epick.v1.PickStreamResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,10 +37,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANDIDATEEXPLANATION_SCORESENTRY']._serialized_options = b'8\001'
   _globals['_CANDIDATEEXPLANATION_SHADOWSCORESENTRY']._loaded_options = None
   _globals['_CANDIDATEEXPLANATION_SHADOWSCORESENTRY']._serialized_options = b'8\001'
-  _globals['_CRITICALITY']._serialized_start=1639
-  _globals['_CRITICALITY']._serialized_end=1724
-  _globals['_COMPLETIONSTATUS']._serialized_start=1726
-  _globals['_COMPLETIONSTATUS']._serialized_end=1778
+  _globals['_CRITICALITY']._serialized_start=1733
+  _globals['_CRITICALITY']._serialized_end=1818
+  _globals['_COMPLETIONSTATUS']._serialized_start=1820
+  _globals['_COMPLETIONSTATUS']._serialized_end=1872
   _globals['_PICKREQUEST']._serialized_start=36
   _globals['_PICKREQUEST']._serialized_end=349
   _globals['_PICKREQUEST_HEADERSENTRY']._serialized_start=294
@@ -50,21 +50,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXPLANATION']._serialized_start=469
   _globals['_EXPLANATION']._serialized_end=586
   _globals['_CANDIDATEEXPLANATION']._serialized_start=589
-  _globals['_CANDIDATEEXPLANATION']._serialized_end=990
-  _globals['_CANDIDATEEXPLANATION_SCORESENTRY']._serialized_start=883
-  _globals['_CANDIDATEEXPLANATION_SCORESENTRY']._serialized_end=928
-  _globals['_CANDIDATEEXPLANATION_SHADOWSCORESENTRY']._serialized_start=930
-  _globals['_CANDIDATEEXPLANATION_SHADOWSCORESENTRY']._serialized_end=981
-  _globals['_COMPLETIONREPORT']._serialized_start=993
-  _globals['_COMPLETIONREPORT']._serialized_end=1258
-  _globals['_COMPLETIONACK']._serialized_start=1260
-  _globals['_COMPLETIONACK']._serialized_end=1290
-  _globals['_PICKSTREAMREQUEST']._serialized_start=1293
-  _globals['_PICKSTREAMREQUEST']._serialized_end=1421
-  _globals['_PICKSTREAMRESPONSE']._serialized_start=1424
-  _globals['_PICKSTREAMRESPONSE']._serialized_end=1591
-  _globals['_STREAMERROR']._serialized_start=1593
-  _globals['_STREAMERROR']._serialized_end=1637
-  _globals['_ENDPOINTPICKER']._serialized_start=1781
-  _globals['_ENDPOINTPICKER']._serialized_end=2002
+  _globals['_CANDIDATEEXPLANATION']._serialized_end=1084
+  _globals['_CANDIDATEEXPLANATION_SCORESENTRY']._serialized_start=940
+  _globals['_CANDIDATEEXPLANATION_SCORESENTRY']._serialized_end=985
+  _globals['_CANDIDATEEXPLANATION_SHADOWSCORESENTRY']._serialized_start=987
+  _globals['_CANDIDATEEXPLANATION_SHADOWSCORESENTRY']._serialized_end=1038
+  _globals['_COMPLETIONREPORT']._serialized_start=1087
+  _globals['_COMPLETIONREPORT']._serialized_end=1352
+  _globals['_COMPLETIONACK']._serialized_start=1354
+  _globals['_COMPLETIONACK']._serialized_end=1384
+  _globals['_PICKSTREAMREQUEST']._serialized_start=1387
+  _globals['_PICKSTREAMREQUEST']._serialized_end=1515
+  _globals['_PICKSTREAMRESPONSE']._serialized_start=1518
+  _globals['_PICKSTREAMRESPONSE']._serialized_end=1685
+  _globals['_STREAMERROR']._serialized_start=1687
+  _globals['_STREAMERROR']._serialized_end=1731
+  _globals['_ENDPOINTPICKER']._serialized_start=1875
+  _globals['_ENDPOINTPICKER']._serialized_end=2096
 # @@protoc_insertion_point(module_scope)

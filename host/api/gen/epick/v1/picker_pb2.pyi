@@ -81,7 +81,7 @@ class Explanation(_message.Message):
     def __init__(self, candidates: _Optional[_Iterable[_Union[CandidateExplanation, _Mapping]]] = ..., snapshot_version: _Optional[int] = ..., skipped_policies: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CandidateExplanation(_message.Message):
-    __slots__ = ("endpoint", "total", "scores", "filtered_by", "rank", "shadow_scores", "reason", "in_flight", "picked_since_scrape")
+    __slots__ = ("endpoint", "total", "scores", "filtered_by", "rank", "shadow_scores", "reason", "in_flight", "picked_since_scrape", "prefix_blocks", "prefix_matched")
     class ScoresEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,8 @@ class CandidateExplanation(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     PICKED_SINCE_SCRAPE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_MATCHED_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
     total: float
     scores: _containers.ScalarMap[str, float]
@@ -114,7 +116,9 @@ class CandidateExplanation(_message.Message):
     reason: str
     in_flight: int
     picked_since_scrape: int
-    def __init__(self, endpoint: _Optional[str] = ..., total: _Optional[float] = ..., scores: _Optional[_Mapping[str, float]] = ..., filtered_by: _Optional[str] = ..., rank: _Optional[int] = ..., shadow_scores: _Optional[_Mapping[str, float]] = ..., reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., picked_since_scrape: _Optional[int] = ...) -> None: ...
+    prefix_blocks: int
+    prefix_matched: int
+    def __init__(self, endpoint: _Optional[str] = ..., total: _Optional[float] = ..., scores: _Optional[_Mapping[str, float]] = ..., filtered_by: _Optional[str] = ..., rank: _Optional[int] = ..., shadow_scores: _Optional[_Mapping[str, float]] = ..., reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., picked_since_scrape: _Optional[int] = ..., prefix_blocks: _Optional[int] = ..., prefix_matched: _Optional[int] = ...) -> None: ...
 
 class CompletionReport(_message.Message):
     __slots__ = ("decision_id", "request_id", "endpoint", "status", "prompt_tokens", "completion_tokens", "ttft_seconds")

