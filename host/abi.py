@@ -121,6 +121,13 @@ class ScoreInput(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     picked_since_scrape: tuple[int, ...] = ()
     """Per candidate: picks since its last good scrape — work its metrics cannot show yet.
     Empty = all 0."""
+    prefix_blocks: tuple[int, ...] = ()
+    """Per candidate: full KV blocks in the request as that endpoint's engine hashes them
+    (its tokenizer and block size). Empty = not computed (no KV events configured)."""
+    prefix_matched: tuple[int, ...] = ()
+    """Per candidate: leading request blocks the endpoint's own KV-cache events say it holds;
+    -1 = no event stream or its index is uncertain (policies fall back to an estimate).
+    Empty = all -1."""
 
 
 class PreRequestEvent(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
