@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 #: The policy kinds ``describe`` may report; ``custom`` has no built-in vectors.
-KINDS = ("lora-affinity", "prefix-cache", "load", "legacy-v1", "custom")
+KINDS = ("lora-affinity", "prefix-cache", "load", "legacy-v1", "precise-prefix", "custom")
 #: What a vector file may be for: a policy kind, or ``host`` — host-stage cases only,
 #: checking the host itself (no module under test).
 FILE_KINDS = (*KINDS, "host")
@@ -436,7 +436,8 @@ def _check_expect(where: str, e: Expect, n: int) -> None:
 class VectorFile(_Table, kw_only=True):
     """One TOML file of cases for one policy kind."""
 
-    kind: Literal["lora-affinity", "prefix-cache", "load", "legacy-v1", "custom", "host"]
+    kind: Literal["lora-affinity", "prefix-cache", "load", "legacy-v1", "precise-prefix", "custom",
+                  "host"]
     description: str = ""
     params: dict[str, Any] = {}
     """Params every case starts from; a case's own ``params`` override them key by key."""
