@@ -247,3 +247,54 @@ pub fn Estimator(comptime label: []const u8) type {
         }
     };
 }
+
+/// Blocks an endpoint was recently picked for, each with the time of its last pick: what
+/// its engine is about to cache before its KV events can say so (the events come when
+/// the request is scheduled, after the frontend and the queue). Two generations of at
+/// most `cap / 2` blocks each: when the newer fills, the older is emptied and becomes the
+/// newer, so between `cap / 2` and `cap` of the most recent blocks are kept (no per-entry
+/// removals: a hash table full of tombstones would make lookups slow). Entries older than
+/// the caller's TTL are ignored by `matched`.
+pub const Recent = struct {
+    const Map = std.AutoHashMapUnmanaged(u64, i64);
+
+    cap: u32,
+    gens: [2]Map = .{ .empty, .empty },
+    newer: u1 = 0,
+
+    pub fn init(cap: u32) Recent {
+        return .{ .cap = cap };
+    }
+
+    pub fn deinit(r: *Recent) void {
+        for (&r.gens) |*m| m.deinit(gpa);
+        r.* = init(r.cap);
+    }
+
+    /// `hashes` were picked at `ms`.
+    pub fn record(r: *Recent, hashes: []const u64, ms: i64) Error!void {
+        if (r.cap == 0) return;
+        const half = @max(r.cap / 2, 1);
+        for (hashes) |h| {
+            if (r.gens[r.newer].count() >= half) {
+                r.newer ^= 1;
+                r.gens[r.newer].clearRetainingCapacity();
+            }
+            try r.gens[r.newer].put(gpa, h, ms);
+        }
+    }
+
+    fn lastPick(r: *const Recent, h: u64) ?i64 {
+        return r.gens[r.newer].get(h) orelse r.gens[r.newer ^ 1].get(h);
+    }
+
+    /// Leading `hashes` picked here at or after `since_ms`.
+    pub fn matched(r: *const Recent, hashes: []const u64, since_ms: i64) usize {
+        var k: usize = 0;
+        while (k < hashes.len) : (k += 1) {
+            const ms = r.lastPick(hashes[k]) orelse break;
+            if (ms < since_ms) break;
+        }
+        return k;
+    }
+};

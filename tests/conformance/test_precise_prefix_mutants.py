@@ -27,6 +27,19 @@ MUTANTS = {
         "precise/fallback-where-no-stream",
         "endpoint 0 (e0:8000) expected 0.5 (fallback (M = -1): estimate aaaa of aaaa|bbbb -> 1/2), got 0",
     ),
+    "recent-picks-ignored": (
+        [("if (h.len > 0 and recent_ttl_ms > 0) {", "if (h.len > 0 and recent_ttl_ms < 0) {")],
+        "precise/a-recent-pick-counts-before-its-events",
+        "endpoint 0 (e0:8000) expected 0.666667 (recent: aaaa|bbbb picked 500 ms ago, 2 of 3 "
+        "estimate blocks -> max(0/6, 2/3)), got 0",
+    ),
+    "recent-picks-never-expire": (
+        [("const since = ctx.snapshot.timestamp_ms -| recent_ttl_ms;",
+          "const since = ctx.snapshot.timestamp_ms -| 1000 * recent_ttl_ms;")],
+        "precise/events-overrule-the-estimate",
+        "endpoint 0 (e0:8000) expected 0 (events: 0 of 2 (the pick is 10 s old, the estimate's "
+        "2/2 is not used) -> 0), got 1",
+    ),
     "unbounded-by-load": (
         [("if (max_imbalance >= 0 and ctx.work(i) - min_work > max_imbalance) {",
           "if (max_imbalance >= 0 and ctx.work(i) - min_work > 2 * max_imbalance) {")],

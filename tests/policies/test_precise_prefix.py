@@ -47,7 +47,7 @@ def test_without_counts_it_scores_exactly_as_prefix_cache(policy):
 
 
 def test_minus_one_falls_back_per_candidate(policy):
-    inst = policy("precise-prefix", block_size=4)
+    inst = policy("precise-prefix", block_size=4, recent_ttl_ms=0)  # events alone where given
     s = snap([ep("a:1"), ep("b:1")])
     inst.pre_request(pre("a:1", model="m", prompt="aaaabbbb"))
     assert score(inst, s, "aaaabbbb", blocks=(5, 5), matched=(-1, -1)) == [1.0, 0.0]
@@ -87,3 +87,45 @@ def test_counts_that_are_not_ints_are_errors(policy):
     with pytest.raises(PolicyCallError) as info:
         inst.score(blob, 1)
     assert "prefix_blocks" in info.value.message
+
+
+def test_recent_picks_stay_bounded_per_endpoint(policy):
+    """recent_blocks caps what a burst of picks keeps: memory stays flat after the cap."""
+    from policy_payloads import memory_bytes
+
+    inst = policy("precise-prefix", block_size=4, recent_blocks=64, recent_ttl_ms=3_600_000,
+                  lru_capacity=64)
+    s = snap([ep("a:1")])
+    score(inst, s, "x")
+    for i in range(200):
+        inst.pre_request(pre("a:1", model="m", prompt=f"{i:04d}" * 16, timestamp_ms=i))
+    settled = memory_bytes(inst)
+    for i in range(200, 2000):
+        inst.pre_request(pre("a:1", model="m", prompt=f"{i:04d}" * 16, timestamp_ms=i))
+    assert memory_bytes(inst) == settled
+    # the newest pick counts, one 4 picks back has been pushed out (64 blocks = 4 picks)
+    newest, old = "1999" * 16, "1995" * 16
+    assert score(inst, s, newest, blocks=(9,), matched=(0,)) == [1.0]
+    assert score(inst, s, old, blocks=(9,), matched=(0,)) == [0.0]
+
+
+def test_full_state_for_64_endpoints_fits_in_64_mib(policy):
+    """Every estimate LRU full (64 x 31,250 hashes) and every recent-picks set full (64 x
+    recent_blocks), then export_state: all under the 64 MiB instance cap."""
+    from policy_payloads import memory_bytes
+
+    inst = policy("precise-prefix")
+    addresses = [f"10.0.{i}.1:8000" for i in range(64)]
+    s = snap([ep(a) for a in addresses])
+    inst.set_snapshot(abi.encoder.encode(s))
+    for a in addresses:
+        for j in range(123):  # 123 distinct 256-block prompts: 31,488 hashes > 31,250
+            inst.pre_request(pre(a, model="m", prompt=f"{a}/{j:04d}/".ljust(64, "x") * 256,
+                                 timestamp_ms=j))
+    full = memory_bytes(inst)
+    print(f"\nprecise-prefix memory before export_state: {full / 2**20:.1f} MiB")
+    state = inst.export_state()
+    print(f"\nprecise-prefix memory: {full / 2**20:.1f} MiB full, "
+          f"{memory_bytes(inst) / 2**20:.1f} MiB after export_state ({len(state) / 2**20:.1f} MiB)")
+    assert memory_bytes(inst) <= 64 << 20
+    assert len(state) > 64 * 31_250 * 8
