@@ -37,7 +37,7 @@ pub const Params = struct {
     /// How long a pick counts as "about to be cached" there, before its events confirm
     /// it (ms of the policy's clock); 0 = events alone.
     recent_ttl_ms: i64 = 2000,
-    /// Most recently picked blocks kept per endpoint.
+    /// Most recent pick hashes kept per endpoint (≤ 13 per pick of 256 blocks: ~150 picks).
     recent_blocks: i64 = 2048,
 
     pub fn check(p: *const Params) sdk.Error!void {

@@ -250,11 +250,15 @@ pub fn Estimator(comptime label: []const u8) type {
 
 /// Blocks an endpoint was recently picked for, each with the time of its last pick: what
 /// its engine is about to cache before its KV events can say so (the events come when
-/// the request is scheduled, after the frontend and the queue). Two generations of at
-/// most `cap / 2` blocks each: when the newer fills, the older is emptied and becomes the
-/// newer, so between `cap / 2` and `cap` of the most recent blocks are kept (no per-entry
-/// removals: a hash table full of tombstones would make lookups slow). Entries older than
-/// the caller's TTL are ignored by `matched`.
+/// the request is scheduled, after the frontend and the queue). A pick records only the
+/// hashes of blocks 0–3, of every power-of-two block and of its last block (≤ 13 of 256):
+/// the hashes chain, so a request whose block k hashes like a recorded one shares blocks
+/// 0..k with that pick, and `matched` = 1 + the largest such k — exact up to block 4,
+/// then rounded down to a sampled block (at worst by half). Two generations of at most
+/// `cap / 2` hashes each: when the newer fills, the older is emptied and becomes the
+/// newer, so between `cap / 2` and `cap` of the most recent are kept (no per-entry
+/// removals: a hash table full of tombstones makes lookups slow). Entries older than the
+/// caller's TTL are ignored by `matched`.
 pub const Recent = struct {
     const Map = std.AutoHashMapUnmanaged(u64, i64);
 
@@ -271,11 +275,21 @@ pub const Recent = struct {
         r.* = init(r.cap);
     }
 
-    /// `hashes` were picked at `ms`.
+    fn sampled(i: usize, n: usize) bool {
+        return i < 4 or (i & (i - 1)) == 0 or i + 1 == n;
+    }
+
+    /// `hashes` (a request's whole chain) were picked at `ms`.
     pub fn record(r: *Recent, hashes: []const u64, ms: i64) Error!void {
         if (r.cap == 0) return;
         const half = @max(r.cap / 2, 1);
-        for (hashes) |h| {
+        if (r.gens[0].capacity() == 0) {
+            // Both generations at their final size at once: growing them step by step
+            // would leave the smaller arrays behind as unusable gaps in linear memory.
+            for (&r.gens) |*m| try m.ensureTotalCapacity(gpa, half);
+        }
+        for (hashes, 0..) |h, i| {
+            if (!sampled(i, hashes.len)) continue;
             if (r.gens[r.newer].count() >= half) {
                 r.newer ^= 1;
                 r.gens[r.newer].clearRetainingCapacity();
@@ -288,13 +302,13 @@ pub const Recent = struct {
         return r.gens[r.newer].get(h) orelse r.gens[r.newer ^ 1].get(h);
     }
 
-    /// Leading `hashes` picked here at or after `since_ms`.
+    /// Leading blocks of `hashes` (a request's chain) a pick here at or after `since_ms`
+    /// shares, as far as the sampled blocks tell.
     pub fn matched(r: *const Recent, hashes: []const u64, since_ms: i64) usize {
-        var k: usize = 0;
-        while (k < hashes.len) : (k += 1) {
-            const ms = r.lastPick(hashes[k]) orelse break;
-            if (ms < since_ms) break;
+        var k = hashes.len;
+        while (k > 0) : (k -= 1) {
+            if (r.lastPick(hashes[k - 1])) |ms| if (ms >= since_ms) return k;
         }
-        return k;
+        return 0;
     }
 };

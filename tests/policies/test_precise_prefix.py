@@ -103,8 +103,9 @@ def test_recent_picks_stay_bounded_per_endpoint(policy):
     for i in range(200, 2000):
         inst.pre_request(pre("a:1", model="m", prompt=f"{i:04d}" * 16, timestamp_ms=i))
     assert memory_bytes(inst) == settled
-    # the newest pick counts, one 4 picks back has been pushed out (64 blocks = 4 picks)
-    newest, old = "1999" * 16, "1995" * 16
+    # the newest pick counts; one 19 picks back has been pushed out (a 16-block pick
+    # records 7 sampled hashes: 64 keep the last 4 to 9 picks)
+    newest, old = "1999" * 16, "1980" * 16
     assert score(inst, s, newest, blocks=(9,), matched=(0,)) == [1.0]
     assert score(inst, s, old, blocks=(9,), matched=(0,)) == [0.0]
 
