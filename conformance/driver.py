@@ -107,21 +107,24 @@ class Driver:
             self._call(self.instance.filter, blob, len(everyone))
 
     def score_input(self, snap: abi.Snapshot, request: abi.Request, candidates,
-                    assigned: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())) -> bytes:
+                    assigned: tuple[tuple[int, ...], ...] = ((), ())) -> bytes:
         """The ``ScoreInput`` bytes for ``snap`` — delivering it first when resident.
 
-        ``assigned`` = (in_flight, picked_since_scrape) per candidate (empty = all 0).
+        ``assigned`` = (in_flight, picked_since_scrape[, prefix_blocks, prefix_matched])
+        per candidate (empty = the ABI defaults).
         """
         candidates = tuple(candidates)
-        in_flight, since = assigned
+        in_flight, since, blocks, matched = (*assigned, (), ())[:4]
+        counts = {"in_flight": in_flight, "picked_since_scrape": since,
+                  "prefix_blocks": blocks, "prefix_matched": matched}
         if self.resident:
             if self._snapshot is not snap:
                 self.snapshot(snap)
-            return self._encode(abi.ScoreInput(snapshot=None, request=request, candidates=candidates,
-                                               in_flight=in_flight, picked_since_scrape=since))
+            return self._encode(abi.ScoreInput(snapshot=None, request=request,
+                                               candidates=candidates, **counts))
         self._snapshot = snap
-        return self._encode(abi.ScoreInput(snapshot=snap, request=request, candidates=candidates,
-                                           in_flight=in_flight, picked_since_scrape=since))
+        return self._encode(abi.ScoreInput(snapshot=snap, request=request,
+                                           candidates=candidates, **counts))
 
     def forget_snapshot(self) -> None:
         """Deliver the next snapshot again even if unchanged (after ``init`` reset it)."""

@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 #: The policy kinds ``describe`` may report; ``custom`` has no built-in vectors.
-KINDS = ("lora-affinity", "prefix-cache", "load", "legacy-v1", "custom")
+KINDS = ("lora-affinity", "prefix-cache", "load", "legacy-v1", "precise-prefix", "custom")
 #: What a vector file may be for: a policy kind, or ``host`` — host-stage cases only,
 #: checking the host itself (no module under test).
 FILE_KINDS = (*KINDS, "host")
@@ -310,13 +310,19 @@ class Case(_Table, kw_only=True):
     """Per candidate: what the host has in flight there (ScoreInput.in_flight); () = 0s."""
     picked_since_scrape: tuple[NonNegInt, ...] = ()
     """Per candidate: picks since its last scrape (ScoreInput.picked_since_scrape)."""
+    prefix_blocks: tuple[NonNegInt, ...] = ()
+    """Per candidate: the request's full KV blocks as its engine hashes them
+    (ScoreInput.prefix_blocks); () = not computed."""
+    prefix_matched: tuple[Annotated[int, msgspec.Meta(ge=-1)], ...] = ()
+    """Per candidate: leading blocks its KV events say it holds, -1 = no stream
+    (ScoreInput.prefix_matched); () = all -1."""
     expect: Expect | None = None
     stats: Stats | None = None
     host: Host | None = None
 
     def __post_init__(self) -> None:
         n_endpoints = len(self.snapshot.endpoints)
-        for field_name in ("in_flight", "picked_since_scrape"):
+        for field_name in ("in_flight", "picked_since_scrape", "prefix_blocks", "prefix_matched"):
             given = getattr(self, field_name)
             if given and len(given) != len(self.candidate_indices):
                 raise ValueError(
@@ -383,8 +389,10 @@ class Case(_Table, kw_only=True):
                              "`pick` or `state` step, or `expect`")
 
     @property
-    def assigned(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        return self.in_flight, self.picked_since_scrape
+    def assigned(self) -> tuple[tuple[int, ...], ...]:
+        """The host's per-candidate counts: (in_flight, picked_since_scrape,
+        prefix_blocks, prefix_matched)."""
+        return self.in_flight, self.picked_since_scrape, self.prefix_blocks, self.prefix_matched
 
     @property
     def candidate_indices(self) -> tuple[int, ...]:
@@ -428,7 +436,8 @@ def _check_expect(where: str, e: Expect, n: int) -> None:
 class VectorFile(_Table, kw_only=True):
     """One TOML file of cases for one policy kind."""
 
-    kind: Literal["lora-affinity", "prefix-cache", "load", "legacy-v1", "custom", "host"]
+    kind: Literal["lora-affinity", "prefix-cache", "load", "legacy-v1", "precise-prefix", "custom",
+                  "host"]
     description: str = ""
     params: dict[str, Any] = {}
     """Params every case starts from; a case's own ``params`` override them key by key."""

@@ -38,7 +38,7 @@ async def _serve(args: argparse.Namespace) -> None:
     cfg = _config(args)
     async with serve_fleet(
         args.replicas, adapters=adapter_names(args.adapters), config=cfg,
-        host=args.host, base_port=args.base_port,
+        host=args.host, base_port=args.base_port, kv_events=args.kv_events,
     ) as fleet:
         for address in fleet.addresses:
             print(f"READY {address}", flush=True)
@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--base-port", type=int, default=0, help="replica i on base+i; 0 = free ports")
     s.add_argument("--duration", type=float, default=None, help="stop after S seconds")
+    s.add_argument("--kv-events", action="store_true",
+                   help="publish vLLM's KV-cache events over ZMQ (GET /kv_event_sources says where)")
 
     r = sub.add_parser("run", help="a generated workload in virtual time; prints the summary")
     fleet_args(r, 10)

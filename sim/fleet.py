@@ -10,6 +10,18 @@ every ``scrape_interval_s`` (each with its own random phase, from the fleet's se
 the router sees only the pages as last scraped — the rendered vLLM text and the
 :class:`epick.abi.EndpointMetrics` parsed from it.
 
+KV-cache events (``run(..., kv_events=listener)``): every replica publishes vLLM's events
+(:mod:`epick.sim.replica`), one batch per engine step, numbered per replica from 0 as a
+vLLM publisher numbers them; ``listener(address, seq, batch)`` gets each batch
+``kv_event_delay_s`` after the step that made it (the subscriber's lag). Events at one
+instant run steps, scrapes, event deliveries, restarts, then arrivals.
+
+Restarts (``run(..., restarts=[(t, i), ...])``): at virtual time ``t`` replica ``i``
+loses everything, as an engine that restarts does — its requests in flight are aborted
+and its prefix cache emptied (``AllBlocksCleared`` when events are on) — and the client
+retries each aborted request at once through the router (TTFT still counts from the
+first arrival). The process and its counters stay (a sleep/wake, not a new process).
+
 Example::
 
     fleet = Fleet(10, DEFAULT_CONFIG, seed=1)
@@ -23,8 +35,8 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, runtime_checkable
 
 from epick.abi import EndpointMetrics
 
@@ -34,7 +46,7 @@ from .replica import EngineRequest, Replica
 from .results import ReplicaStats, RequestRecord, Results, summarize
 from .workload import SimRequest
 
-__all__ = ["Fleet", "FleetView", "Router", "CompletionListener", "CLOCK_ORIGIN"]
+__all__ = ["Fleet", "FleetView", "Router", "CompletionListener", "KvEventListener", "CLOCK_ORIGIN"]
 
 CLOCK_ORIGIN = 1_700_000_000.0
 """Unix time of virtual t = 0 (what the pages' LoRA timestamps count from)."""
@@ -57,6 +69,10 @@ class CompletionListener(Protocol):
     """Optional second method of a router: told when each request finishes."""
 
     def on_complete(self, req: SimRequest, replica: int) -> None: ...
+
+
+#: ``listener(address, seq, batch)``: one replica's ``epick.kv.events.KVEventBatch``.
+KvEventListener = Callable[[str, int, Any], None]
 
 
 class FleetView:
@@ -113,7 +129,7 @@ class FleetView:
         self.version += 1
 
 
-_STEP, _SCRAPE = 0, 1
+_STEP, _SCRAPE, _KV, _RESTART = 0, 1, 2, 3
 
 
 class Fleet:
@@ -129,34 +145,65 @@ class Fleet:
         self.addresses = tuple(f"10.0.0.{i + 1}:8000" for i in range(n_replicas))
 
     def run(
-        self, workload: Iterable[SimRequest], router: Router, scrape_interval_s: float = 0.05
+        self, workload: Iterable[SimRequest], router: Router, scrape_interval_s: float = 0.05,
+        *, kv_events: KvEventListener | None = None, kv_event_delay_s: float = 0.0,
+        restarts: Iterable[tuple[float, int]] = (),
     ) -> Results:
         """Serve ``workload`` (in arrival order) to completion, routed by ``router``.
+
+        ``kv_events``, ``kv_event_delay_s`` and ``restarts``: see the module docstring.
 
         Raises
         ------
         ValueError
-            The workload is out of order, or the router returned something other than a
-            replica index (the message names the router, the request and the value).
+            The workload is out of order, the router returned something other than a
+            replica index (the message names the router, the request and the value), or
+            a restart names no replica or a negative time.
         epick.sim.replica.RequestRejected
             A request can never fit a replica (too long for ``max_model_len``/KV cache).
         """
         if scrape_interval_s <= 0:
             raise ValueError(f"scrape_interval_s must be positive, got {scrape_interval_s}")
-        cpu0 = time.process_time()
+        if kv_event_delay_s < 0:
+            raise ValueError(f"kv_event_delay_s must be >= 0, got {kv_event_delay_s}")
         n = self.n_replicas
-        replicas = [Replica(self.config, report_tokens=False) for _ in range(n)]
+        restarts = sorted(restarts)
+        for t, i in restarts:
+            if not (isinstance(i, int) and 0 <= i < n) or not t >= 0:
+                raise ValueError(f"restart ({t!r}, {i!r}): expected (time >= 0, replica in [0, {n}))")
+        cpu0 = time.process_time()
+        heap: list[tuple[float, int, int, int]] = []
+        seq = 0
+        kv_batches: dict[int, tuple[int, object]] = {}
+        kv_seq = [0] * n
+
+        def publisher(i: int):
+            from epick.kv.events import KVEventBatch
+
+            def publish(events: list) -> None:
+                nonlocal seq
+                seq += 1
+                batch = KVEventBatch(ts=CLOCK_ORIGIN + view.now, events=events, data_parallel_rank=0)
+                kv_batches[seq] = (kv_seq[i], batch)
+                kv_seq[i] += 1
+                heapq.heappush(heap, (view.now + kv_event_delay_s, _KV, seq, i))
+
+            return publish
+
+        replicas = [Replica(self.config, report_tokens=False,
+                            kv_events=publisher(i) if kv_events is not None else None)
+                    for i in range(n)]
         pages = [MetricsPage(r, clock_origin=CLOCK_ORIGIN) for r in replicas]
         view = FleetView(self.addresses, pages)
         on_complete = getattr(router, "on_complete", None)
         rng = random.Random(self.seed)
 
-        heap: list[tuple[float, int, int, int]] = []
-        seq = 0
         next_step: list[float | None] = [None] * n
         for i in range(n):
             view._scrape(i, 0.0)
             heapq.heappush(heap, (rng.uniform(0, scrape_interval_s), _SCRAPE, i, i))
+        for k, (t, i) in enumerate(restarts):
+            heapq.heappush(heap, (t, _RESTART, k, i))
 
         def reschedule(i: int) -> None:
             nonlocal seq
@@ -188,10 +235,40 @@ class Fleet:
             if on_complete is not None:
                 on_complete(sreq, i)
 
+        def dispatch(sreq: SimRequest, idx: int, t: float) -> None:
+            """Route ``sreq`` (record slot ``idx``) at ``t`` and submit it."""
+            nonlocal busy
+            view.now = t
+            i = router.route(sreq, view)
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n:
+                raise ValueError(
+                    f"router {type(router).__name__} returned {i!r} for request "
+                    f"{sreq.request_id!r}; expected an int in [0, {n})"
+                )
+            replicas[i].submit(
+                sreq.request_id, sreq.prompt, sreq.max_tokens, t,
+                adapter=sreq.adapter, cache_salt=sreq.cache_salt, handle=(idx, sreq),
+            )
+            served[i] += 1
+            busy += 1
+            reschedule(i)
+
+        def restart(i: int, t: float) -> None:
+            nonlocal busy
+            aborted = replicas[i].sleep(1)
+            replicas[i].wake_up()
+            reschedule(i)
+            for req in aborted:
+                busy -= 1
+                idx, sreq = req.handle  # type: ignore[misc]
+                if on_complete is not None:
+                    on_complete(sreq, i)  # the router's request ended (failed)
+                dispatch(sreq, idx, t)  # the client retries
+
         def run_until(t_limit: float) -> None:
             """Process every step and scrape event up to and including ``t_limit``."""
             while heap and heap[0][0] <= t_limit:
-                t, kind, _, i = heapq.heappop(heap)
+                t, kind, key, i = heapq.heappop(heap)
                 view.now = t
                 if kind == _STEP:
                     if next_step[i] != t:
@@ -201,10 +278,15 @@ class Fleet:
                     for req in out.finished:
                         finish(i, req)
                     reschedule(i)
-                else:
+                elif kind == _SCRAPE:
                     view._scrape(i, t)
                     if busy or pending_arrivals:
                         heapq.heappush(heap, (t + scrape_interval_s, _SCRAPE, i, i))
+                elif kind == _KV:
+                    kv_seqno, batch = kv_batches.pop(key)
+                    kv_events(self.addresses[i], kv_seqno, batch)  # type: ignore[misc]
+                else:
+                    restart(i, t)
 
         pending_arrivals = True
         last_arrival = -math.inf
@@ -217,22 +299,8 @@ class Fleet:
                 )
             last_arrival = t
             run_until(t)
-            view.now = t
-            i = router.route(sreq, view)
-            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n:
-                raise ValueError(
-                    f"router {type(router).__name__} returned {i!r} for request "
-                    f"{sreq.request_id!r}; expected an int in [0, {n})"
-                )
             records.append(None)
-            replicas[i].submit(
-                sreq.request_id, sreq.prompt, sreq.max_tokens, t,
-                adapter=sreq.adapter, cache_salt=sreq.cache_salt,
-                handle=(len(records) - 1, sreq),
-            )
-            served[i] += 1
-            busy += 1
-            reschedule(i)
+            dispatch(sreq, len(records) - 1, t)
         pending_arrivals = False
         # Drain: scrapes keep going while requests are in flight, so listeners and any
         # late reader still see fresh pages; the loop ends when the fleet is idle.

@@ -12,6 +12,13 @@ Contract:
   count as free, because they can be reclaimed at once.
 * When a request releases its blocks they join the queue's tail in reverse order, so its
   last blocks (the least shareable) are evicted before its first ones — as vLLM does.
+* With ``publish=True`` (KV-cache events on) a registered block also carries the hash the
+  replica *publishes* for it (vLLM's, over the sim's token ids: :mod:`epick.sim.replica`
+  computes it), and the pool queues vLLM's events in :attr:`KVCache.events`: a
+  ``BlockRemoved`` when a cached block is evicted (one event per block, as vLLM sends
+  them) and ``AllBlocksCleared`` on :meth:`KVCache.reset_prefix_cache`. ``BlockStored``
+  comes from the replica, which knows the blocks' tokens. Off (the default), nothing of
+  this runs and the pool behaves exactly as before.
 """
 
 from __future__ import annotations
@@ -25,9 +32,9 @@ __all__ = ["KVCache"]
 class KVCache:
     """The block pool of one replica."""
 
-    __slots__ = ("num_blocks", "_ref", "_hash", "_cached", "_free", "evictions")
+    __slots__ = ("num_blocks", "_ref", "_hash", "_cached", "_free", "evictions", "_pub", "events")
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, *, publish: bool = False) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -37,6 +44,9 @@ class KVCache:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.evictions = 0
         """Cached blocks handed out again (their prefix forgotten)."""
+        self._pub: list[int | None] | None = [None] * num_blocks if publish else None
+        self.events: list | None = [] if publish else None
+        """KV-cache events not yet taken by the replica (``publish=True`` only)."""
 
     @property
     def num_free(self) -> int:
@@ -91,16 +101,33 @@ class KVCache:
                 if cached.get(h) == b:
                     del cached[h]
                     self.evictions += 1
+                    if self._pub is not None:
+                        self._removed(b)
                 hashes[b] = None
             ref[b] = 1
             out.append(b)
         return out
 
-    def register(self, block: int, block_hash: int) -> None:
-        """Publish a computed full block under ``block_hash`` (first writer wins)."""
+    def _removed(self, block: int) -> None:
+        from epick.kv.events import BlockRemoved
+
+        pub = self._pub
+        assert pub is not None and self.events is not None
+        h = pub[block]
+        if h is not None:
+            self.events.append(BlockRemoved(block_hashes=[h], medium="GPU", group_idx=0))
+            pub[block] = None
+
+    def register(self, block: int, block_hash: int, published: int | None = None) -> bool:
+        """Publish a computed full block under ``block_hash`` (first writer wins); True if
+        it is now cached. ``published``: the hash its events name (``publish=True``)."""
         if self._hash[block] is None and block_hash not in self._cached:
             self._hash[block] = block_hash
             self._cached[block_hash] = block
+            if self._pub is not None:
+                self._pub[block] = published
+            return True
+        return False
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (vLLM's ``reset_prefix_cache``, done by sleep level >= 1).
@@ -112,6 +139,11 @@ class KVCache:
                 f"cannot reset the prefix cache: {self.num_blocks - len(self._free)} blocks in use")
         self._hash = [None] * self.num_blocks
         self._cached.clear()
+        if self._pub is not None and self.events is not None:
+            from epick.kv.events import AllBlocksCleared
+
+            self._pub = [None] * self.num_blocks
+            self.events.append(AllBlocksCleared())
 
     def release(self, blocks: Sequence[int]) -> None:
         """Drop one reference on each block; unreferenced ones join the LRU tail."""

@@ -39,19 +39,31 @@ What the engine reports for ``/metrics`` besides the counts (vLLM 0.32, read in
 * sleep (:meth:`Replica.sleep`): vLLM's ``/sleep?level=N`` with its default mode
   ``abort`` — every request in flight is aborted, level >= 1 clears the prefix cache, and
   nothing is scheduled until :meth:`Replica.wake_up`; requests submitted meanwhile wait.
+
+KV-cache events (``Replica(config, kv_events=sink)``), as vLLM publishes them with
+``--kv-events-config``: the blocks a step caches become one ``BlockStored`` per request
+and contiguous run (``block_hashes`` = vLLM's sha256 block hashes over the sim's token
+ids — :func:`epick.sim.tokens.token_ids`, :class:`epick.kv.hashing.BlockHasher` with the
+adapter as ``lora_name`` and the cache salt — ``parent_block_hash``, the blocks'
+``token_ids``, ``block_size``, ``lora_id``/``lora_name``, ``medium`` "GPU",
+``extra_keys``); an evicted cached block is a ``BlockRemoved``; a reset of the prefix cache
+(sleep level >= 1) is ``AllBlocksCleared``. ``sink(events)`` gets each step's events (one
+vLLM batch) when the step starts, and a sleep's at once; the driver stamps and delivers
+them. The sim's own cache keys stay its internal hashes: events change no decision.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
 from .config import ReplicaConfig
 from .kv import KVCache
 from .lora import LoraSlots
-from .tokens import block_hashes, count_tokens
+from .tokens import block_hashes, count_tokens, token_ids
 
 __all__ = ["Replica", "EngineRequest", "Status", "StepOutput", "RequestRejected"]
 
@@ -97,6 +109,11 @@ class EngineRequest:
     """Skipped by the scheduler for want of a LoRA slot, not admitted since."""
     tracked: bool = False
     """Admitted at least once: its adapter is listed by :meth:`Replica.lora_adapters`."""
+    event_hashes: list[int] = field(default_factory=list)
+    """With KV events on: the published (vLLM) hash of each block in ``block_hashes``."""
+    token_ids: list[int] = field(default_factory=list)
+    """With KV events on: the prompt's token ids (for ``BlockStored.token_ids``)."""
+    cache_salt: str = ""
 
     @property
     def num_tokens(self) -> int:
@@ -117,12 +134,21 @@ class StepOutput:
 class Replica:
     """The engine of one replica. See the module docstring for the model."""
 
-    def __init__(self, config: ReplicaConfig, *, report_tokens: bool = True) -> None:
+    def __init__(self, config: ReplicaConfig, *, report_tokens: bool = True,
+                 kv_events: Callable[[list], None] | None = None) -> None:
         self.config = config
         self.report_tokens = report_tokens
         """Fill :attr:`StepOutput.emitted` (streaming drivers); off, only completions
         are reported, which saves a tuple per generated token."""
-        self.kv = KVCache(config.num_gpu_blocks)
+        self.kv_events = kv_events
+        """Where each step's KV-cache events go (see the module docstring); None = off."""
+        self.kv = KVCache(config.num_gpu_blocks, publish=kv_events is not None)
+        self._hasher = None
+        self._lora_ids: dict[str, int] = {}
+        if kv_events is not None:
+            from epick.kv.hashing import BlockHasher
+
+            self._hasher = BlockHasher()  # vLLM's default: sha256, no PYTHONHASHSEED
         self.lora = LoraSlots(
             config.max_loras, config.cpu_lora_capacity,
             config.lora_load_host_s, config.lora_load_disk_s,
@@ -204,6 +230,15 @@ class Replica:
             adapter=adapter, block_hashes=hashes, submitted_at=now,
             ready_at=now + cfg.frontend_overhead_s, handle=handle,
         )
+        if self._hasher is not None and hashes:
+            req.cache_salt = cache_salt
+            req.token_ids = token_ids(prompt)
+            # The published chain covers the same blocks as the internal one (a prompt
+            # ending in a partial token may give the tokens one more full block: never
+            # cached here, so never published).
+            req.event_hashes = self._hasher.block_hashes(
+                req.token_ids[: len(hashes) * cfg.block_size], cfg.block_size,
+                lora_name=adapter or None, cache_salt=cache_salt or None)
         self._requests[request_id] = req
         self._seq += 1
         heapq.heappush(self._pending, (req.ready_at, self._seq, req))
@@ -247,7 +282,14 @@ class Replica:
         if level >= 1:
             self.kv.reset_prefix_cache()
         self.sleep_level = level
+        self._flush_events()
         return aborted
+
+    def _flush_events(self) -> None:
+        events = self.kv.events
+        if events:
+            self.kv.events = []
+            self.kv_events(events)  # type: ignore[misc]
 
     def wake_up(self) -> None:
         """Resume scheduling (vLLM's ``POST /wake_up``); the next :meth:`advance` runs."""
@@ -338,6 +380,8 @@ class Replica:
             # Everything running was preempted: admission was skipped this round (vLLM
             # admits nothing in a step that preempted); the queue gets the next round now.
             sched, load_s, _ = self._schedule()
+        if self.kv.events:
+            self._flush_events()
         if not sched:
             self._step_end = None
             return
@@ -446,10 +490,48 @@ class Replica:
         """Publish the prompt blocks that ``tokens`` computed tokens fill completely."""
         hashes = req.block_hashes
         full = min(tokens // self.config.block_size, len(hashes))
-        for j in range(req.registered, full):
-            self.kv.register(req.blocks[j], hashes[j])
+        if req.event_hashes:
+            self._register_published(req, full)
+        else:
+            for j in range(req.registered, full):
+                self.kv.register(req.blocks[j], hashes[j])
         if full > req.registered:
             req.registered = full
+
+    def _register_published(self, req: EngineRequest, full: int) -> None:
+        """:meth:`_register` with KV events: a ``BlockStored`` per run of newly cached
+        blocks (a block another request cached first breaks the run)."""
+        kv, hashes, pub = self.kv, req.block_hashes, req.event_hashes
+        start = None
+        for j in range(req.registered, full):
+            if kv.register(req.blocks[j], hashes[j], pub[j]):
+                if start is None:
+                    start = j
+            elif start is not None:
+                self._stored(req, start, j)
+                start = None
+        if start is not None:
+            self._stored(req, start, full)
+
+    def _stored(self, req: EngineRequest, start: int, end: int) -> None:
+        from epick.kv.events import BlockStored
+
+        bs = self.config.block_size
+        pub = req.event_hashes
+        lora_id = None
+        if req.adapter:
+            lora_id = self._lora_ids.setdefault(req.adapter, len(self._lora_ids) + 1)
+        # vLLM's extra_keys per block: the adapter on every block, the salt on block 0.
+        salt = req.cache_salt
+        extra = [tuple(k for k in (req.adapter, salt if j == 0 else "") if k) or None
+                 for j in range(start, end)]
+        self.kv.events.append(BlockStored(  # type: ignore[union-attr]
+            block_hashes=pub[start:end],
+            parent_block_hash=pub[start - 1] if start else None,
+            token_ids=req.token_ids[start * bs:end * bs], block_size=bs, lora_id=lora_id,
+            medium="GPU", lora_name=req.adapter or None, extra_keys=extra, group_idx=0,
+            kv_cache_spec_kind="full_attention",
+        ))
 
     def _preempt(self, req: EngineRequest) -> None:
         self._release(req)

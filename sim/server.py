@@ -18,7 +18,11 @@ Endpoints per replica (vLLM's):
 * ``GET /v1/models``, ``GET /health``;
 * vLLM's dev-mode sleep endpoints: ``POST /sleep?level=N`` (0–2; default 1; every request
   in flight is aborted, as vLLM's default ``mode=abort`` does, and nothing is served until
-  woken — the page shows ``engine_sleep_state``), ``POST /wake_up``, ``GET /is_sleeping``.
+  woken — the page shows ``engine_sleep_state``), ``POST /wake_up``, ``GET /is_sleeping``;
+* ``GET /kv_event_sources`` — with ``serve_fleet(..., kv_events=True)`` each replica
+  publishes vLLM's KV-cache events over ZMQ (:mod:`epick.sim.kv_publisher`: a PUB socket
+  and a replay ROUTER on free ports, topic ``kv@host:port``) and this returns where, as
+  vLLM does; ``{}`` with events off.
 
 Every response carries ``x-epick-replica: host:port``. A client that disconnects
 mid-stream has its request aborted in the engine (blocks and adapter slot released).
@@ -81,10 +85,14 @@ class ReplicaServer:
     """One replica's engine, clock and aiohttp application."""
 
     def __init__(
-        self, config: ReplicaConfig, adapters: Sequence[str], *, t0: float, wall0: float
+        self, config: ReplicaConfig, adapters: Sequence[str], *, t0: float, wall0: float,
+        kv_events: bool = False,
     ) -> None:
         self.config = config
-        self.replica = Replica(config)
+        self.publisher = None
+        """The replica's :class:`~epick.sim.kv_publisher.ZmqKvPublisher` (KV events on,
+        set by :func:`serve_fleet` once the address is known)."""
+        self.replica = Replica(config, kv_events=self._publish if kv_events else None)
         self.adapters = frozenset(adapters)
         self.page = MetricsPage(self.replica, clock_origin=wall0)
         self.address = ""
@@ -99,8 +107,13 @@ class ReplicaServer:
         app.router.add_post("/sleep", self._sleep)
         app.router.add_post("/wake_up", self._wake_up)
         app.router.add_get("/is_sleeping", self._is_sleeping)
+        app.router.add_get("/kv_event_sources", self._kv_event_sources)
         app.on_response_prepare.append(self._stamp)
         self.app = app
+
+    def _publish(self, events: list) -> None:
+        if self.publisher is not None:
+            self.publisher.publish(events)
 
     def now(self) -> float:
         """Engine time: seconds since the fleet started, on the event loop's clock."""
@@ -155,6 +168,9 @@ class ReplicaServer:
         self.replica.wake_up()
         self._wake.set()
         return web.json_response({"status": "awake", "tags": None})
+
+    async def _kv_event_sources(self, request: web.Request) -> web.Response:
+        return web.json_response(self.publisher.sources() if self.publisher else {})
 
     async def _is_sleeping(self, request: web.Request) -> web.Response:
         return web.json_response({"is_sleeping": self.replica.sleep_level is not None})
@@ -332,12 +348,14 @@ async def serve_fleet(
     config: ReplicaConfig = DEFAULT_CONFIG,
     host: str = "127.0.0.1",
     base_port: int = 0,
+    kv_events: bool = False,
 ) -> AsyncIterator[FleetServer]:
     """Run ``n_replicas`` simulated vLLM servers until the block exits.
 
     Replica ``i`` listens on ``base_port + i`` (every one on a free port when
     ``base_port`` is 0). All are listening when the block is entered. Leaving the block
-    stops the engines and closes the servers (open streams are cut).
+    stops the engines and closes the servers (open streams are cut). ``kv_events``: each
+    replica publishes its KV-cache events over ZMQ (see the module docstring).
 
     Raises
     ------
@@ -355,8 +373,14 @@ async def serve_fleet(
             "epick.sim.server needs the asyncio backend (aiohttp is asyncio-only)") from None
     t0 = anyio.current_time()
     wall0 = time.time()
-    servers = [ReplicaServer(config, adapters, t0=t0, wall0=wall0) for _ in range(n_replicas)]
+    servers = [ReplicaServer(config, adapters, t0=t0, wall0=wall0, kv_events=kv_events)
+               for _ in range(n_replicas)]
     runners: list[web.AppRunner] = []
+    zmq_ctx = None
+    if kv_events:
+        import zmq.asyncio
+
+        zmq_ctx = zmq.asyncio.Context()
     try:
         for i, srv in enumerate(servers):
             port = base_port + i if base_port else 0
@@ -368,6 +392,10 @@ async def serve_fleet(
                 sock.close()
                 raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
             srv.address = f"{host}:{sock.getsockname()[1]}"
+            if zmq_ctx is not None:
+                from .kv_publisher import ZmqKvPublisher
+
+                srv.publisher = ZmqKvPublisher(zmq_ctx, host=host, topic=f"kv@{srv.address}")
             runner = web.AppRunner(srv.app, handle_signals=False, access_log=None,
                                    shutdown_timeout=0.5)
             runners.append(runner)
@@ -376,6 +404,8 @@ async def serve_fleet(
         async with anyio.create_task_group() as tg:
             for srv in servers:
                 tg.start_soon(srv.run_engine)
+                if srv.publisher is not None:
+                    tg.start_soon(srv.publisher.serve_replay)
             try:
                 yield FleetServer(tuple(s.address for s in servers), tuple(servers))
             finally:
@@ -384,3 +414,8 @@ async def serve_fleet(
         with anyio.CancelScope(shield=True):
             for runner in runners:
                 await runner.cleanup()
+        for srv in servers:
+            if srv.publisher is not None:
+                srv.publisher.close()
+        if zmq_ctx is not None:
+            zmq_ctx.destroy(linger=0)

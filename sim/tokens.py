@@ -17,11 +17,19 @@ Contract:
 Hashes are Python's built-in ``hash`` of tuples: fast, collision-free in practice at
 64 bits, and although the values change between processes (``PYTHONHASHSEED``), nothing
 in the simulation depends on the values — only on equality — so runs stay deterministic.
+
+Token *ids* (:func:`token_ids`), for the KV-cache events a replica publishes (vLLM hashes
+blocks over token ids): token ``i`` is ``int.from_bytes(utf8[4i:4i+4], "little")``, the
+last partial chunk zero-padded, no BOS. The host's ``bytes`` tokenizer
+(``host/kv/tokenize.py``) implements the same contract, and the two must agree: epick
+matches the events by hashing the Pick's prompt the same way.
 """
 
 from __future__ import annotations
 
-__all__ = ["BYTES_PER_TOKEN", "count_tokens", "block_hashes"]
+import sys
+
+__all__ = ["BYTES_PER_TOKEN", "count_tokens", "block_hashes", "token_ids"]
 
 BYTES_PER_TOKEN = 4
 
@@ -48,3 +56,15 @@ def block_hashes(
         h = hash((h, data[i * step : (i + 1) * step]))
         out.append(h)
     return out
+
+
+def token_ids(text: str | bytes) -> list[int]:
+    """The token ids of ``text``: each 4-byte chunk of its UTF-8 as a little-endian
+    integer, the trailing partial chunk zero-padded; ``count_tokens(text)`` of them."""
+    data = text.encode() if isinstance(text, str) else text
+    pad = -len(data) % BYTES_PER_TOKEN
+    if pad:
+        data = data + b"\0" * pad
+    if sys.byteorder == "little":  # one C-level cast instead of a call per token
+        return list(memoryview(data).cast("I"))
+    return [int.from_bytes(data[i:i + 4], "little") for i in range(0, len(data), 4)]

@@ -13,6 +13,14 @@ Workloads: multi-lora (10 replicas, 15 adapters, 60/30/10 traffic over three gro
 max_lora 3, a rate sweep from light to overloaded), shared-prefix (many tenants, each
 with a long system prompt), zero-hit (unique prompts, no adapters).
 
+Precise prefix routing (issue 16): the router ``epick-precise`` is epick with the
+``precise-prefix`` policy in place of ``prefix-cache``, its per-candidate counts from an
+index fed by the simulated replicas' own KV-cache events (``epick.bench.kvsim``;
+``--kv-delay-ms`` after each step). Its workloads, opt-in: prefix-pressure (shared
+prefixes on small KV caches: evictions) and prefix-restart (one replica restarts mid-run;
+hit rate per window after it, and how long it takes to get back). E.g.
+``--workloads prefix-pressure,prefix-restart --routers round-robin,epick,epick-precise``.
+
 With ``--trace LOG`` the workload is a recorded decision log instead (arrival times,
 prompts as stand-in blocks, adapters, output lengths from the completions; as many
 replicas as the log's pool, its max_lora), and the routers are ``recorded`` (the log's
@@ -26,7 +34,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from epick import abi
@@ -49,6 +57,9 @@ DEFAULT_WEIGHTS = {"load": 1.0, "prefix-cache": 1.0, "lora-affinity": 1.0}
 ROUTERS = ("random", "round-robin", "least-queue", "legacy-v1", "epick", "load",
            "prefix-cache", "lora-affinity", "epick-no-prefix")
 
+#: Routers that follow the replicas' KV-cache events (opt-in with ``--routers``).
+KV_ROUTERS = ("epick-precise",)
+
 
 class EpickRouter:
     """Routes a virtual-time fleet with epick's scheduler and WASM policies.
@@ -59,7 +70,7 @@ class EpickRouter:
     """
 
     def __init__(self, policies: PolicySet, *, model: str = "base", picker: str = "max",
-                 seed: int = 0) -> None:
+                 seed: int = 0, kv=None, kv_delay_s: float = 0.0) -> None:
         self.model = model
         # The fleet's virtual clock stamps hooks too, as it stamps snapshots: a policy
         # compares the two (LoRA reconcile, request TTL).
@@ -76,6 +87,15 @@ class EpickRouter:
         self.decision_s = 0.0
         self.decisions = 0
         self.failures = 0
+        self.kv = kv
+        """``epick.bench.kvsim.SimKvCounts`` for the precise router, else None."""
+        self.fleet_options: dict = {}
+        """Extra ``Fleet.run`` arguments this router needs (its KV-event listener)."""
+        if kv is not None:
+            from epick.bench.kvsim import attach
+
+            self.scheduler.policies = attach(self.scheduler, policies, kv)
+            self.fleet_options = {"kv_events": kv.on_batch, "kv_event_delay_s": kv_delay_s}
 
     def route(self, req, view) -> int:
         t0 = time.perf_counter()
@@ -128,7 +148,8 @@ def wasm_set(runtime, weights: dict[str, float], params: dict[str, dict] | None 
     return PolicySet(tuple(entries))
 
 
-def make_router(name: str, runtime, seed: int, weights: dict[str, float] | None = None):
+def make_router(name: str, runtime, seed: int, weights: dict[str, float] | None = None,
+                *, kv_blocks: int = 0, kv_delay_s: float = 0.01):
     from epick.sim.routers import LeastQueueRouter, RandomRouter, RoundRobinRouter
 
     if name == "random":
@@ -147,7 +168,14 @@ def make_router(name: str, runtime, seed: int, weights: dict[str, float] | None 
                                               if k != "prefix-cache"}), seed=seed)
     if name in DEFAULT_WEIGHTS:
         return EpickRouter(wasm_set(runtime, {name: 1.0}), seed=seed)
-    raise ValueError(f"unknown router {name!r}; expected one of {', '.join(ROUTERS)}")
+    if name == "epick-precise":  # precise-prefix in prefix-cache's place, same weight
+        from epick.bench.kvsim import SimKvCounts
+
+        precise = {("precise-prefix" if k == "prefix-cache" else k): w for k, w in weights.items()}
+        return EpickRouter(wasm_set(runtime, precise), seed=seed,
+                           kv=SimKvCounts(max(kv_blocks, 1) * 2), kv_delay_s=kv_delay_s)
+    raise ValueError(f"unknown router {name!r}; expected one of "
+                     f"{', '.join(ROUTERS + KV_ROUTERS)}")
 
 
 @dataclass(frozen=True)
@@ -159,6 +187,10 @@ class Workload:
     make: Callable[[float, float, int], list]
     """(rate, duration_s, seed) -> requests"""
     max_lora: int = 3
+    config: dict = field(default_factory=dict)
+    """ReplicaConfig changes (prefix-pressure: small KV caches)."""
+    restart_at: float | None = None
+    """Fraction of the duration at which replica 0 restarts (prefix-restart)."""
 
 
 def _workloads(quick: bool) -> dict[str, Workload]:
@@ -176,7 +208,33 @@ def _workloads(quick: bool) -> dict[str, Workload]:
         "zero-hit": Workload(
             "zero-hit", 8, (10.0, 40.0) if quick else (10.0, 20.0, 40.0, 60.0), dur,
             lambda rate, d, seed: wl.zero_hit(qps=rate, duration_s=d, seed=seed)),
+        # Issue 16: tenants' prefixes outgrow the KV caches, so engines evict what the
+        # approximate estimate still believes they hold.
+        "prefix-pressure": Workload(
+            "prefix-pressure", 8, PRESSURE_RATES_QUICK if quick else PRESSURE_RATES, dur,
+            lambda rate, d, seed: wl.shared_prefix(qps=rate, duration_s=d, seed=seed,
+                                                   **PRESSURE_PREFIX),
+            config=PRESSURE_CONFIG),
+        "prefix-restart": Workload(
+            "prefix-restart", 4, RESTART_RATES_QUICK if quick else RESTART_RATES, dur,
+            lambda rate, d, seed: wl.shared_prefix(qps=rate, duration_s=d, seed=seed,
+                                                   **RESTART_PREFIX),
+            restart_at=0.5),
     }
+
+
+#: prefix-pressure: the workload and the KV caches (see docs/quality.md, "Precise").
+PRESSURE_PREFIX = {"tenants": 150, "prefix_tokens": 6000}
+PRESSURE_CONFIG = {"num_gpu_blocks": 6000}
+PRESSURE_RATES = (10.0, 20.0, 30.0, 40.0, 50.0)
+PRESSURE_RATES_QUICK = (20.0, 40.0)
+#: prefix-restart: 4 replicas, replica 0 restarts halfway (caches warm by then); hit
+#: rates per window after it, against the windows just before.
+RESTART_PREFIX = {"tenants": 24, "prefix_tokens": 6000}
+RESTART_RATES = (10.0, 20.0, 30.0)
+RESTART_RATES_QUICK = (20.0, 30.0)
+RESTART_WINDOW_S = 2.0
+RESTART_WINDOWS = 4
 
 
 WORKLOADS = ("multi-lora", "shared-prefix", "zero-hit")
@@ -185,7 +243,7 @@ WORKLOADS = ("multi-lora", "shared-prefix", "zero-hit")
 def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int = 1,
         scrape_interval_ms: float = 50.0, weights: dict[str, float] | None = None,
         rates: dict[str, tuple[float, ...]] | None = None,
-        progress: Callable[[str], None] | None = None) -> dict:
+        progress: Callable[[str], None] | None = None, kv_delay_ms: float = 10.0) -> dict:
     """Run every (workload, rate, router); return the JSON-shaped results."""
     import msgspec
 
@@ -194,7 +252,8 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
     from epick.sim.fleet import Fleet
 
     out: dict = {"workloads": {}, "scrape_interval_ms": scrape_interval_ms, "seed": seed,
-                 "quick": quick, "epick_weights": weights or DEFAULT_WEIGHTS}
+                 "quick": quick, "epick_weights": weights or DEFAULT_WEIGHTS,
+                 "kv_delay_ms": kv_delay_ms}
     specs = _workloads(quick)
     # Virtual time: a policy call that overruns the live 1 ms budget on a busy machine
     # would be skipped and change the decision, so the benchmark's results would depend on
@@ -202,18 +261,25 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
     with Runtime(limits=BENCH_LIMITS) as runtime:
         for wname in workloads:
             w = specs[wname]
-            config = msgspec.structs.replace(DEFAULT_CONFIG, max_loras=w.max_lora)
+            config = msgspec.structs.replace(DEFAULT_CONFIG, max_loras=w.max_lora, **w.config)
             fleet = Fleet(w.replicas, config, seed=seed)
             per_router: dict = {r: {k: [] for k in (
                 "rate", "throughput_tok_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
                 "e2e_p50_s", "e2e_p90_s", "adapter_loads", "hit_rate", "decision_cpu_us",
-                "shed")} for r in routers}
+                "shed", "kv_evictions")} for r in routers}
+            restart_t = w.duration_s * w.restart_at if w.restart_at is not None else None
             for rate in (rates or {}).get(wname, w.rates):
                 requests = w.make(rate, w.duration_s, seed)
                 for rname in routers:
-                    router = make_router(rname, runtime, seed, weights)
+                    router = make_router(rname, runtime, seed, weights,
+                                         kv_blocks=config.num_gpu_blocks,
+                                         kv_delay_s=kv_delay_ms / 1000)
+                    options = dict(getattr(router, "fleet_options", {}))
+                    if restart_t is not None:
+                        options["restarts"] = [(restart_t, 0)]
                     t0 = time.perf_counter()
-                    res = fleet.run(requests, router, scrape_interval_s=scrape_interval_ms / 1000)
+                    res = fleet.run(requests, router, scrape_interval_s=scrape_interval_ms / 1000,
+                                    **options)
                     s = res.summary
                     row = per_router[rname]
                     row["rate"].append(rate)
@@ -227,13 +293,49 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
                     row["hit_rate"].append(s.prefix_cache_hit_rate)
                     row["decision_cpu_us"].append(getattr(router, "decision_us", 0.0))
                     row["shed"].append(getattr(router, "failures", 0))
+                    row["kv_evictions"].append(sum(r.kv_evictions for r in res.replicas))
+                    if restart_t is not None:
+                        _restart_stats(row, res.records, restart_t)
                     if progress:
                         progress(f"{wname:13s} rate {rate:5.1f}  {rname:13s} "
                                  f"tok/s {s.output_tok_s:8.0f}  ttft p90 {s.ttft_p90_s:7.3f}s  "
                                  f"loads {s.adapter_loads:5d}  hit {s.prefix_cache_hit_rate:.2f}"
+                                 f"  evictions {row['kv_evictions'][-1]}"
                                  f"  ({time.perf_counter() - t0:.1f}s)")
+                        if restart_t is not None:
+                            after = " ".join(f"{v:.2f}" for v in row["hit_rate_after_restart"][-1])
+                            progress(f"{'':13s} restart of replica 0 at {restart_t:g} s: hit "
+                                     f"before {row['hit_rate_before_restart'][-1]:.2f}, per "
+                                     f"{RESTART_WINDOW_S:g} s after: {after}; recovered after "
+                                     f"{row['recovery_s'][-1]} s; TTFT p90 of the "
+                                     f"{2 * RESTART_WINDOW_S:g} s after "
+                                     f"{row['ttft_p90_after_restart_s'][-1]:.3f} s")
             out["workloads"][wname] = per_router
     return out
+
+
+def _restart_stats(row: dict, records, restart_t: float) -> None:
+    """Hit rate before the restart (the windows just before it), per window after it, and
+    the recovery time: the end of the first window from which every later one is back to
+    at least 90% of the level before."""
+    import numpy as np
+
+    from epick.bench.kvsim import windowed_hit_rates
+
+    n = RESTART_WINDOWS
+    before = windowed_hit_rates(records, restart_t - 2 * RESTART_WINDOW_S, 2 * RESTART_WINDOW_S, 1)[0]
+    after = windowed_hit_rates(records, restart_t, RESTART_WINDOW_S, n)
+    soon = [r.ttft_s for r in records if restart_t <= r.arrival_s < restart_t + 2 * RESTART_WINDOW_S]
+    row.setdefault("ttft_p90_after_restart_s", []).append(
+        float(np.percentile(soon, 90)) if soon else float("nan"))
+    recovered = None
+    for k in range(n):
+        if all(not v < 0.9 * before for v in after[k:]):  # NaN (an empty window) passes
+            recovered = (k + 1) * RESTART_WINDOW_S
+            break
+    row.setdefault("hit_rate_before_restart", []).append(before)
+    row.setdefault("hit_rate_after_restart", []).append(after)
+    row.setdefault("recovery_s", []).append(recovered)
 
 
 def run_trace(paths, changes=None, *, routers=("round-robin", "least-queue"), seed: int = 1,
@@ -344,6 +446,9 @@ def plot(results: dict, folder: Path) -> list[Path]:
 
 
 SWEPT = ("ttft_p90_s", "throughput_tok_s", "adapter_loads", "hit_rate")
+#: Swept where a workload has them (prefix-restart): None (not recovered) counts as inf.
+SWEPT_IF_PRESENT = ("kv_evictions", "recovery_s", "hit_rate_before_restart",
+                    "ttft_p90_after_restart_s")
 
 
 def sweep_seeds(seeds, **kw) -> dict:
@@ -359,11 +464,15 @@ def sweep_seeds(seeds, **kw) -> dict:
         out["workloads"][wname] = {}
         for router, row in per_router.items():
             cell: dict = {"rate": row["rate"]}
-            for metric in SWEPT:
+            for metric in SWEPT + tuple(m for m in SWEPT_IF_PRESENT if m in row):
                 per_rate = []
                 for k in range(len(row["rate"])):
                     values = [runs[s]["workloads"][wname][router][metric][k] for s in runs]
-                    worst = (max if metric in ("ttft_p90_s", "adapter_loads") else min)(values)
+                    if metric == "recovery_s":
+                        values = [float("inf") if v is None else v for v in values]
+                    worst = (max if metric in ("ttft_p90_s", "adapter_loads", "kv_evictions",
+                                               "recovery_s", "ttft_p90_after_restart_s")
+                             else min)(values)
                     per_rate.append({"values": values, "median": statistics.median(values),
                                      "worst": worst})
                 cell[metric] = per_rate
@@ -382,11 +491,21 @@ def seed_table(results: dict) -> list[str]:
             for k, rate in enumerate(cell["rate"]):
                 p90, tok = cell["ttft_p90_s"][k], cell["throughput_tok_s"][k]
                 loads, hit = cell["adapter_loads"][k], cell["hit_rate"][k]
+                extra = ""
+                if "kv_evictions" in cell:
+                    ev = cell["kv_evictions"][k]
+                    extra += f"  evictions {ev['median']:.0f} ({ev['worst']:.0f})"
+                if "recovery_s" in cell:
+                    rec, pre = cell["recovery_s"][k], cell["hit_rate_before_restart"][k]
+                    after = cell["ttft_p90_after_restart_s"][k]
+                    extra += (f"  hit before restart {pre['median']:.2f}  recovered after "
+                              f"{rec['median']:g} s ({rec['worst']:g})  TTFT p90 after "
+                              f"{after['median']:.3f} ({after['worst']:.3f})")
                 lines.append(
                     f"{router:16} {rate:>6g} {p90['median']:>9.3f} ({p90['worst']:.3f})"
                     f" {tok['median']:>9.0f} ({tok['worst']:.0f})"
                     f" {loads['median']:>8.0f} ({loads['worst']:.0f})"
-                    f" {hit['median']:>7.2f} ({hit['worst']:.2f})")
+                    f" {hit['median']:>7.2f} ({hit['worst']:.2f})" + extra)
     return lines
 
 
@@ -413,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
                     "router and rate, the median and the worst (largest TTFT p90, smallest "
                     "throughput) over them")
     ap.add_argument("--scrape-interval-ms", type=float, default=50.0)
+    ap.add_argument("--kv-delay-ms", type=float, default=10.0,
+                    help="epick-precise: KV events reach its index this long after the step "
+                    "that made them")
     ap.add_argument("--weights", help="epick's weights, e.g. load=1,prefix-cache=3,"
                     "lora-affinity=1 (default: DEFAULT_WEIGHTS)")
     ap.add_argument("--rates", help="override a workload's rates, e.g. shared-prefix=20:40:60")
@@ -440,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
                               workloads=tuple(args.workloads.split(",")),
                               routers=tuple(args.routers.split(",")),
                               scrape_interval_ms=args.scrape_interval_ms, weights=weights,
-                              rates=rates)
+                              rates=rates, kv_delay_ms=args.kv_delay_ms)
         for line in seed_table(results):
             console.print(line)
         _write_json(console, args.json, results)
@@ -448,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run(quick=args.quick, workloads=tuple(args.workloads.split(",")),
                   routers=tuple(args.routers.split(",")), seed=args.seed,
                   scrape_interval_ms=args.scrape_interval_ms, weights=weights, rates=rates,
-                  progress=console.print)
+                  progress=console.print, kv_delay_ms=args.kv_delay_ms)
     for t in _tables(results):
         console.print(t)
     _write_json(console, args.json, results)

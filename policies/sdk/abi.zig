@@ -109,6 +109,12 @@ pub const ScoreCtx = struct {
     in_flight: []const i64 = &.{},
     /// Per candidate (or empty = all 0): picks since its last good scrape.
     picked_since_scrape: []const i64 = &.{},
+    /// Per candidate (or empty = not computed): full KV blocks in the request as that
+    /// endpoint's engine hashes them (from the host's KV-event index).
+    prefix_blocks: []const i64 = &.{},
+    /// Per candidate (or empty = all -1): leading request blocks the endpoint's KV-cache
+    /// events say it holds; -1 = no event stream or an uncertain index.
+    prefix_matched: []const i64 = &.{},
 
     /// The endpoint of the i-th candidate.
     pub fn endpoint(c: *const ScoreCtx, i: usize) *const Endpoint {
@@ -125,6 +131,22 @@ pub const ScoreCtx = struct {
         if (c.in_flight.len > 0) unseen = @min(unseen, inflight); // a finished pick is no load
         const seen = @as(i64, @max(e.running, 0)) +| @max(e.waiting, 0) +| unseen;
         return @max(seen, inflight);
+    }
+
+    /// Full KV blocks of the request as the i-th candidate's engine hashes them; null
+    /// when the host did not compute them (no KV events configured).
+    pub fn prefixBlocks(c: *const ScoreCtx, i: usize) ?u32 {
+        if (i >= c.prefix_blocks.len or c.prefix_blocks[i] < 0) return null;
+        return @intCast(@min(c.prefix_blocks[i], std.math.maxInt(u32)));
+    }
+
+    /// Leading request blocks the i-th candidate's own KV-cache events say it holds
+    /// (at most `prefixBlocks(i)`); null when it has no event stream, its index is
+    /// uncertain, or the blocks were not computed — fall back to an estimate then.
+    pub fn prefixMatched(c: *const ScoreCtx, i: usize) ?u32 {
+        const blocks = c.prefixBlocks(i) orelse return null;
+        if (i >= c.prefix_matched.len or c.prefix_matched[i] < 0) return null;
+        return @intCast(@min(c.prefix_matched[i], blocks));
     }
 
     /// The smallest `work` over the candidates (0 when there are none).
@@ -240,8 +262,15 @@ pub fn decodeScoreInputTail(r: *Reader, s: Strings, head: ScoreInputHead, snap: 
     var since: []const i64 = &.{};
     if (head.elements > 3) in_flight = try perCandidate(r, s, "in_flight", m);
     if (head.elements > 4) since = try perCandidate(r, s, "picked_since_scrape", m);
-    if (head.elements > 5) try r.skipN("ScoreInput (trailing)", head.elements - 5);
-    return .{ .snapshot = snap, .request = q, .candidates = cands, .in_flight = in_flight, .picked_since_scrape = since };
+    var blocks: []const i64 = &.{};
+    var matched: []const i64 = &.{};
+    if (head.elements > 5) blocks = try perCandidate(r, s, "prefix_blocks", m);
+    if (head.elements > 6) matched = try perCandidate(r, s, "prefix_matched", m);
+    if (head.elements > 7) try r.skipN("ScoreInput (trailing)", head.elements - 7);
+    return .{
+        .snapshot = snap, .request = q, .candidates = cands, .in_flight = in_flight,
+        .picked_since_scrape = since, .prefix_blocks = blocks, .prefix_matched = matched,
+    };
 }
 
 /// An array parallel to the candidates, or empty.

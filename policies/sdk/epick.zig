@@ -43,6 +43,8 @@ pub const msgpack = @import("msgpack.zig");
 pub const abi = @import("abi.zig");
 pub const params = @import("params.zig");
 pub const report = @import("report.zig");
+/// The approximate prefix-cache estimate (prefix-cache, precise-prefix's fallback).
+pub const prefix = @import("prefix.zig");
 
 pub const Error = report.Error;
 pub const fail = report.fail;

@@ -17,7 +17,7 @@ ABI_REQUIRED = {"memory", "epick_abi_version", "alloc", "error_ptr", "error_len"
 
 
 #: The policies epick ships; a policy an author adds beside them is discovered too.
-BUILTINS = ["example-c", "legacy-v1", "load", "lora-affinity", "prefix-cache"]
+BUILTINS = ["example-c", "legacy-v1", "load", "lora-affinity", "precise-prefix", "prefix-cache"]
 
 
 def test_every_policy_directory_is_discovered():
@@ -56,6 +56,8 @@ EXPECTED_EXPORTS = {
                       "import_state", "output_ptr", "output_len"},
     "prefix-cache": {"score", "set_snapshot", "pre_request", "describe", "export_state", "import_state",
                      "output_ptr", "output_len"},
+    "precise-prefix": {"score", "set_snapshot", "pre_request", "describe", "export_state",
+                       "import_state", "output_ptr", "output_len"},
     "legacy-v1": {"filter", "score", "set_snapshot", "describe", "output_ptr", "output_len"},
     "example-c": {"score", "describe", "output_ptr", "output_len"},
 }

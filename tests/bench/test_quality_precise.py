@@ -1,0 +1,119 @@
+"""`epick bench quality`'s precise router: counts from an index fed by the simulated
+fleet's own KV events reach the precise-prefix policy in its ScoreInput."""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+import pytest
+
+from epick import abi
+from epick.bench import quality
+from epick.bench.kvsim import SimKvCounts, attach, windowed_hit_rates
+from epick.kv.events import KVEventBatch
+from epick.kv.hashing import BlockHasher
+from epick.scheduler.framework import Cycle, PoolSnapshot
+from epick.scheduler.policyset import PolicyEntry, PolicySet
+from epick.sim.config import DEFAULT_CONFIG
+from epick.sim.replica import Replica
+from epick.sim.results import RequestRecord
+from epick.sim.tokens import token_ids
+
+PROMPT = "abcd" * 16 * 6  # 6 blocks of 16 tokens
+
+
+def served(counts: SimKvCounts, address: str, prompt: str) -> Replica:
+    r = Replica(DEFAULT_CONFIG, kv_events=lambda evs: counts.on_batch(
+        address, 0, KVEventBatch(ts=0.0, events=evs)))
+    r.submit("a", prompt, 1, 0.0)
+    while (t := r.next_event_time()) is not None:
+        r.advance(t)
+    return r
+
+
+def test_counts_follow_the_events_per_candidate():
+    kv = SimKvCounts(10_000)
+    rep = served(kv, "a:1", PROMPT)
+    eps = (abi.EndpointMetrics(address="a:1", block_size=16),
+           abi.EndpointMetrics(address="b:1", block_size=16),
+           abi.EndpointMetrics(address="c:1", block_size=0))
+    req = abi.Request(prompt=PROMPT + "more")
+    assert kv.counts(req, eps, (0, 1, 2)) == ((6, 6, 0), (6, -1, -1))
+    assert len(BlockHasher().block_hashes(token_ids(PROMPT + "more"), 16)) == 6
+    rep.sleep(1)  # AllBlocksCleared: a stream that now holds nothing
+    assert kv.counts(req, eps, (1, 0)) == ((6, 6), (-1, 0))
+
+
+class Recorder:
+    """A score plugin that keeps the ScoreInput it was given."""
+
+    name = "rec"
+    is_scorer = True
+    is_filter = False
+    has_pre_request = False
+    has_post_response = False
+
+    def __init__(self):
+        self.seen: list[abi.ScoreInput] = []
+
+    def score(self, cycle, candidates):
+        blob = cycle.score_input(candidates, inline_snapshot=True)
+        self.seen.append(msgspec.msgpack.decode(blob, type=abi.ScoreInput))
+        return np.zeros(len(candidates))
+
+
+def test_the_policy_sees_the_counts_in_its_score_input():
+    kv = SimKvCounts(10_000)
+    served(kv, "a:1", PROMPT)
+    rec = Recorder()
+
+    class NoSeam:  # a scheduler without the kv attribute: the plugins are wrapped
+        pass
+
+    policies = attach(NoSeam(), PolicySet((PolicyEntry("rec", rec),)), kv)
+    snap = abi.Snapshot(version=1, endpoints=(abi.EndpointMetrics(address="a:1", block_size=16),
+                                              abi.EndpointMetrics(address="b:1", block_size=16)))
+    cycle = Cycle(pool=PoolSnapshot.build(snap), request=abi.Request(prompt=PROMPT))
+    policies.entries[0].plugin.score(cycle, (1, 0))
+    got = rec.seen[-1]
+    assert got.candidates == (1, 0)
+    assert (got.prefix_blocks, got.prefix_matched) == ((6, 6), (-1, 6))
+
+    class Seam:
+        kv = None
+
+    seam = Seam()
+    same = PolicySet((PolicyEntry("rec", rec),))
+    assert attach(seam, same, kv) is same and seam.kv is kv
+
+
+def test_windowed_hit_rates():
+    def rec(t, cached, prompt=100):
+        return RequestRecord(request_id="r", group="", adapter="", replica=0, arrival_s=t,
+                             ttft_s=0.1, e2e_s=1, prompt_tokens=prompt, output_tokens=1,
+                             cached_tokens=cached, adapter_loads=0, preemptions=0)
+
+    got = windowed_hit_rates([rec(0.5, 50), rec(1.2, 100), rec(1.9, 0), rec(5, 100)], 0.0, 1.0, 3)
+    assert got[:2] == [0.5, 0.5] and np.isnan(got[2])
+
+
+@pytest.fixture(scope="module")
+def small_run():
+    return quality.run(quick=True, workloads=("prefix-pressure", "prefix-restart"),
+                       routers=("epick", "epick-precise"),
+                       rates={"prefix-pressure": (10.0,), "prefix-restart": (20.0,)})
+
+
+def test_the_precise_router_runs_both_workloads_with_their_metrics(small_run):
+    pp = small_run["workloads"]["prefix-pressure"]
+    assert pp["epick-precise"]["kv_evictions"][0] > 0  # cache pressure: engines evict
+    assert pp["epick-precise"]["decision_cpu_us"][0] > 0
+    pr = small_run["workloads"]["prefix-restart"]["epick-precise"]
+    assert len(pr["hit_rate_after_restart"][0]) == quality.RESTART_WINDOWS
+    assert 0 < pr["hit_rate_before_restart"][0] <= 1
+    assert pr["ttft_p90_after_restart_s"][0] > 0
+
+
+def test_unknown_router_lists_the_kv_routers():
+    with pytest.raises(ValueError, match="epick-precise"):
+        quality.make_router("nope", None, 0)
