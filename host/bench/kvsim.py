@@ -11,36 +11,31 @@ reported block size (adapter as ``lora_name``, the cache salt) and counts the le
 blocks each candidate's index holds — what ``epick.kv.routing.KvRouting`` does in the
 service from ZMQ subscriptions.
 
-:func:`attach` hands the counts to the scheduler through its KV seam (``Scheduler.kv``,
-from the kv-host branch). Where this checkout's scheduler has no seam yet, it wraps the
-policy plugins instead so that their ``ScoreInput`` carries the counts (a bench-only
-stand-in, dropped once the seam is merged).
+The bench hands it to the scheduler through its KV seam (``Scheduler.kv``).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
-
-from epick import abi
-
-__all__ = ["SimKvCounts", "attach", "windowed_hit_rates"]
+__all__ = ["SimKvCounts", "windowed_hit_rates"]
 
 
 class SimKvCounts:
-    """``counts(request, endpoints, candidates) -> (prefix_blocks, prefix_matched)``,
-    from an index of what the fleet's events said (see the module docstring)."""
+    """The service's :class:`~epick.kv.routing.KvRouting` over an index the fleet's events
+    feed directly (no ZMQ in virtual time): ``on_batch`` is the fleet's listener,
+    ``counts`` the scheduler's seam."""
 
     def __init__(self, max_blocks_per_endpoint: int, *, cache_entries: int = 512) -> None:
         from epick.kv.hashing import BlockHasher
         from epick.kv.index import KvIndex
+        from epick.kv.routing import KvRouting
         from epick.kv.tokenize import BytesTokenizer
 
         self.index = KvIndex(max_blocks_per_endpoint)
-        self.tokenizer = BytesTokenizer()
-        self.hasher = BlockHasher()  # the sim's engines: vLLM's default sha256, no seed
-        self._hashes: OrderedDict[tuple, list[int]] = OrderedDict()
-        self._cap = cache_entries
+        # The sim's engines: vLLM's default sha256 with no seed, byte tokens, and an
+        # adapter's name as its path.
+        self.routing = KvRouting(self.index, BytesTokenizer(), BlockHasher(),
+                                 cache_entries=cache_entries)
+        self.counts = self.routing.counts
         self.batches = 0
         self.events = 0
 
@@ -49,79 +44,6 @@ class SimKvCounts:
         self.index.apply(address, batch)
         self.batches += 1
         self.events += len(batch.events)
-
-    def _block_hashes(self, request: abi.Request, block_size: int) -> list[int]:
-        key = (request.prompt, block_size, request.adapter, request.cache_salt)
-        got = self._hashes.get(key)
-        if got is None:
-            got = self.hasher.block_hashes(
-                self.tokenizer.encode_prompt(request.prompt), block_size,
-                lora_name=request.adapter or None, cache_salt=request.cache_salt or None)
-            self._hashes[key] = got
-            if len(self._hashes) > self._cap:
-                self._hashes.popitem(last=False)
-        return got
-
-    def counts(self, request: abi.Request, endpoints: Sequence[abi.EndpointMetrics],
-               candidates: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        blocks: list[int] = []
-        matched: list[int] = []
-        for i in candidates:
-            ep = endpoints[i]
-            if ep.block_size <= 0:  # geometry unknown: nothing can be matched
-                blocks.append(0)
-                matched.append(-1)
-                continue
-            hashes = self._block_hashes(request, ep.block_size)
-            blocks.append(len(hashes))
-            matched.append(self.index.matched(ep.address, hashes))
-        return tuple(blocks), tuple(matched)
-
-
-class _WithCounts:
-    """A policy plugin whose ScoreInputs carry the KV counts (no scheduler seam yet)."""
-
-    def __init__(self, plugin, kv: SimKvCounts) -> None:
-        self._plugin = plugin
-        self._kv = kv
-        self.name = plugin.name
-
-    def _fill(self, cycle, candidates: tuple[int, ...]) -> None:
-        for inline in (True, False):
-            key = (inline, candidates)
-            if key in cycle._inputs:
-                continue
-            in_flight, since = cycle.assigned(candidates)
-            blocks, matched = self._kv.counts(cycle.request, cycle.pool.snapshot.endpoints,
-                                              candidates)
-            cycle._inputs[key] = abi.encoder.encode(abi.ScoreInput(
-                snapshot=cycle.pool.snapshot if inline else None, request=cycle.request,
-                candidates=candidates, in_flight=in_flight, picked_since_scrape=since,
-                prefix_blocks=blocks, prefix_matched=matched))
-
-    def score(self, cycle, candidates):
-        self._fill(cycle, candidates)
-        return self._plugin.score(cycle, candidates)
-
-    def filter(self, cycle, candidates):
-        self._fill(cycle, candidates)
-        return self._plugin.filter(cycle, candidates)
-
-    def __getattr__(self, name):
-        return getattr(self._plugin, name)
-
-
-def attach(scheduler, policies, kv: SimKvCounts):
-    """Give ``scheduler`` the counts: its KV seam when it has one, else wrapped plugins.
-    Returns the policy set to use (``policies`` itself with the seam)."""
-    if hasattr(scheduler, "kv"):
-        scheduler.kv = kv
-        return policies
-    from epick.scheduler.policyset import PolicyEntry, PolicySet
-
-    return PolicySet(tuple(
-        PolicyEntry(e.name, _WithCounts(e.plugin, kv), weight=e.weight, shadow=e.shadow)
-        for e in policies.entries))
 
 
 def windowed_hit_rates(records, start_s: float, window_s: float, n: int) -> list[float]:

@@ -92,9 +92,7 @@ class EpickRouter:
         self.fleet_options: dict = {}
         """Extra ``Fleet.run`` arguments this router needs (its KV-event listener)."""
         if kv is not None:
-            from epick.bench.kvsim import attach
-
-            self.scheduler.policies = attach(self.scheduler, policies, kv)
+            self.scheduler.kv = kv
             self.fleet_options = {"kv_events": kv.on_batch, "kv_event_delay_s": kv_delay_s}
 
     def route(self, req, view) -> int:

@@ -9,11 +9,10 @@ import pytest
 
 from epick import abi
 from epick.bench import quality
-from epick.bench.kvsim import SimKvCounts, attach, windowed_hit_rates
+from epick.bench.kvsim import SimKvCounts, windowed_hit_rates
 from epick.kv.events import KVEventBatch
 from epick.kv.hashing import BlockHasher
 from epick.scheduler.framework import Cycle, PoolSnapshot
-from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.sim.config import DEFAULT_CONFIG
 from epick.sim.replica import Replica
 from epick.sim.results import RequestRecord
@@ -66,25 +65,13 @@ def test_the_policy_sees_the_counts_in_its_score_input():
     kv = SimKvCounts(10_000)
     served(kv, "a:1", PROMPT)
     rec = Recorder()
-
-    class NoSeam:  # a scheduler without the kv attribute: the plugins are wrapped
-        pass
-
-    policies = attach(NoSeam(), PolicySet((PolicyEntry("rec", rec),)), kv)
     snap = abi.Snapshot(version=1, endpoints=(abi.EndpointMetrics(address="a:1", block_size=16),
                                               abi.EndpointMetrics(address="b:1", block_size=16)))
-    cycle = Cycle(pool=PoolSnapshot.build(snap), request=abi.Request(prompt=PROMPT))
-    policies.entries[0].plugin.score(cycle, (1, 0))
+    cycle = Cycle(pool=PoolSnapshot.build(snap), request=abi.Request(prompt=PROMPT), kv=kv)
+    rec.score(cycle, (1, 0))
     got = rec.seen[-1]
     assert got.candidates == (1, 0)
     assert (got.prefix_blocks, got.prefix_matched) == ((6, 6), (-1, 6))
-
-    class Seam:
-        kv = None
-
-    seam = Seam()
-    same = PolicySet((PolicyEntry("rec", rec),))
-    assert attach(seam, same, kv) is same and seam.kv is kv
 
 
 def test_windowed_hit_rates():
