@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from epick.scheduler.framework import (
+from epick.interfaces import (
     FilterPlugin,
     PostResponsePlugin,
     PreRequestPlugin,

@@ -28,11 +28,11 @@ import numpy as np
 
 from epick import abi
 from epick.abi import Criticality
+from epick.interfaces import Cycle, Picker, PluginError, PoolSnapshot
 from epick.ratelog import RateLimitedLog
 from epick.scheduler.assignments import Assignments
 from epick.scheduler.filters import AdmissionFilter, AwakeFilter, FreshFilter, ServesModelFilter
-from epick.scheduler.framework import Cycle, PluginError, PoolSnapshot
-from epick.scheduler.picker import MaxScorePicker, Picker
+from epick.scheduler.pickers import MaxScorePicker
 from epick.scheduler.policyset import PolicySet
 
 __all__ = [
