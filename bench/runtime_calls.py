@@ -27,8 +27,8 @@ import wasmtime
 from timing import SPURIOUS, per_call_us, snapshot
 
 from epick import abi
+from epick.interfaces import Cycle, PoolSnapshot
 from epick.runtime import Limits, PolicyOutOfFuel, PolicyTimeout, Runtime, WasmPolicy
-from epick.scheduler.framework import Cycle, PoolSnapshot
 
 TRIVIAL = r"""
 (module

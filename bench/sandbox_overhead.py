@@ -29,8 +29,8 @@ from pathlib import Path
 from timing import snapshot
 
 from epick import abi
+from epick.interfaces import Cycle, PoolSnapshot
 from epick.runtime import Limits, Runtime, WasmPolicy
-from epick.scheduler.framework import Cycle, PoolSnapshot
 
 DIST = Path(__file__).resolve().parent.parent / "policies" / "dist"
 ENGINES = {"none": (False, False), "epoch": (False, True), "fuel": (True, False),

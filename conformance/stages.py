@@ -23,9 +23,9 @@ from epick import abi
 from epick.abi import Criticality
 from epick.conformance.driver import Driver
 from epick.conformance.schema import Case, HostPolicy, Pick, State, Stats, to_abi_request
+from epick.interfaces import Cycle, EndpointInfo, PoolSnapshot
 from epick.scheduler.filters import AdmissionFilter
-from epick.scheduler.framework import Cycle, EndpointInfo, PoolSnapshot
-from epick.scheduler.picker import make_picker
+from epick.scheduler.pickers import make_picker
 from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler, SchedulingError
 

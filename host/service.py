@@ -37,13 +37,13 @@ from epick.api.admin import MAX_MODULE_BYTES, AdminService
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker_pb2_grpc
 from epick.api.picker import PickerService
 from epick.config import Config, ConfigError, load, resolve_module
+from epick.interfaces import PluginError
 from epick.policy_manager import PolicyManager, PolicyRejected, read_module
 from epick.policy_store import PolicyStore
 from epick.pool import Pool
 from epick.runtime import Limits, Runtime
 from epick.scheduler.filters import AdmissionFilter
-from epick.scheduler.framework import PluginError
-from epick.scheduler.picker import make_picker
+from epick.scheduler.pickers import make_picker
 from epick.scheduler.scheduler import Scheduler
 
 __all__ = ["Service", "TelemetryRecorder", "ListenError"]

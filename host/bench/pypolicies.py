@@ -15,7 +15,7 @@ import numpy as np
 import xxhash
 
 from epick import abi
-from epick.scheduler.framework import Cycle
+from epick.interfaces import Cycle
 
 __all__ = ["PyLoad", "PyLoraAffinity", "PyPrefixCache", "work"]
 

@@ -29,9 +29,9 @@ import numpy as np
 
 from epick import abi
 from epick.decisions import features, schema
+from epick.interfaces import EndpointInfo, PluginError, PoolSnapshot
 from epick.scheduler.filters import AdmissionFilter
-from epick.scheduler.framework import EndpointInfo, PluginError, PoolSnapshot
-from epick.scheduler.picker import make_picker
+from epick.scheduler.pickers import make_picker
 from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler, SchedulingError
 

@@ -29,10 +29,10 @@ from anyio.abc import TaskStatus
 from prometheus_client import Gauge
 
 from epick import abi, telemetry
+from epick.interfaces import EndpointInfo, PoolSnapshot
 from epick.pool.errors import ScrapeError
 from epick.pool.parse import parse_page
 from epick.pool.spec import EndpointSpec
-from epick.scheduler.framework import EndpointInfo, PoolSnapshot
 
 __all__ = ["Pool", "EndpointStatus", "MAX_BACKOFF_MS"]
 

@@ -1,4 +1,4 @@
-"""WasmPolicy: a policy module as a scheduler plugin (epick.scheduler.framework).
+"""WasmPolicy: a policy module as a scheduler plugin (epick.interfaces).
 
 One WasmPolicy owns one :class:`PolicyInstance` and turns the framework's calls into ABI
 calls:
@@ -7,7 +7,7 @@ calls:
   is delivered once per pool snapshot (a new :class:`PoolSnapshot` object) before the
   first score/filter on it, and ``ScoreInput.snapshot`` is nil; otherwise every call
   carries the snapshot inline (``cycle.score_input(..., inline_snapshot=True)``).
-- **Failures** become ``framework.PluginError(plugin, stage, kind, reason)``, ``kind``
+- **Failures** become ``PluginError(plugin, stage, kind, reason)``, ``kind``
   one of ``error`` (non-zero return), ``trap``, ``timeout`` (the wall-clock backstop),
   ``out-of-fuel``, ``invalid-output`` (NaN, inf, wrong count, bad keep byte),
   ``circuit-open`` and ``recovering`` (the instance is being re-created). Scores
@@ -66,6 +66,7 @@ from typing import Any
 import numpy as np
 
 from epick import abi
+from epick.interfaces import Cycle, PluginError
 from epick.ratelog import RateLimitedLog
 from epick.runtime.breaker import CircuitBreaker
 from epick.runtime.errors import (
@@ -78,7 +79,6 @@ from epick.runtime.errors import (
 from epick.runtime.instance import PolicyInstance
 from epick.runtime.module import PolicyModule
 from epick.runtime.stats import PolicyStats
-from epick.scheduler.framework import Cycle, PluginError
 
 __all__ = ["WasmPolicy", "error_kind"]
 

@@ -12,9 +12,9 @@ import anyio
 from fakes import FakeClock
 
 from epick import abi
+from epick.interfaces import Cycle
 from epick.pool import EndpointSpec, Pool
 from epick.scheduler.filters import AwakeFilter, ServesModelFilter
-from epick.scheduler.framework import Cycle
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

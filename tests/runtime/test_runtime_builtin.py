@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from epick import abi
+from epick.interfaces import Cycle, PoolSnapshot
 from epick.runtime import WasmPolicy
 from epick.runtime.validate import synthetic_snapshot
-from epick.scheduler.framework import Cycle, PoolSnapshot
 
 DIST = Path(__file__).resolve().parents[2] / "policies" / "dist"
 BUILT = sorted(DIST.glob("*.wasm"))

@@ -12,8 +12,7 @@ import wasmtime
 from wat_modules import snapshot, wasm, wat_source
 
 from epick import abi
-from epick.runtime import Limits, PolicyError, Runtime, WasmPolicy
-from epick.scheduler.framework import (
+from epick.interfaces import (
     Cycle,
     FilterPlugin,
     PluginError,
@@ -22,6 +21,7 @@ from epick.scheduler.framework import (
     PreRequestPlugin,
     ScorePlugin,
 )
+from epick.runtime import Limits, PolicyError, Runtime, WasmPolicy
 
 LONG = "x" * 5000  # counter.wat's pre_request traps on inputs over 4000 bytes
 

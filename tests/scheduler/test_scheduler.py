@@ -8,9 +8,9 @@ import pytest
 from epick import abi
 from epick.abi import Criticality
 from epick.bench.pypolicies import PyLoad, PyLoraAffinity, PyPrefixCache
+from epick.interfaces import EndpointInfo, PluginError, PoolSnapshot
 from epick.scheduler.filters import AdmissionFilter
-from epick.scheduler.framework import EndpointInfo, PluginError, PoolSnapshot
-from epick.scheduler.picker import MaxScorePicker, WeightedRandomPicker
+from epick.scheduler.pickers import MaxScorePicker, WeightedRandomPicker
 from epick.scheduler.policyset import DuplicatePolicyError, PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler, Shed, Unavailable
 
