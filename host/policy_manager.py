@@ -30,6 +30,7 @@ from pathlib import Path
 
 import anyio
 
+from epick.interfaces import Capabilities
 from epick.runtime import PolicyError, PolicyModule, Runtime, WasmPolicy, validate
 from epick.runtime.runtime import trim_heap
 from epick.scheduler.policyset import PolicyEntry, PolicySet, UnknownPolicyError
@@ -269,13 +270,12 @@ class PolicyManager:
             self._pending_loads -= 1
 
     @staticmethod
-    def _hand_over(name: str, old: object, new: WasmPolicy) -> None:
+    def _hand_over(name: str, old: WasmPolicy, new: WasmPolicy) -> None:
         """Carry state (LoRA history, prefix LRU) across a swap when both sides can."""
-        export = getattr(old, "export_state", None)
-        if export is None or not getattr(old, "has_state", False) or not new.has_state:
+        if Capabilities.STATE not in old.capabilities & new.capabilities:
             return
         try:
-            state = export()
+            state = old.export_state()
             if state:
                 new.import_state(state)
         except PolicyError as exc:
@@ -294,11 +294,9 @@ class PolicyManager:
             self._release(old.plugin, info)
         log.info("policy %r removed", name)
 
-    def _release(self, plugin: object, info: ActivePolicy | None) -> None:
+    def _release(self, plugin: WasmPolicy, info: ActivePolicy | None) -> None:
         """Close a plugin that left the live set; forget its module if none uses it."""
-        close = getattr(plugin, "close", None)
-        if close is not None:
-            close()
+        plugin.close()
         if info is not None:
             sha = info.module.sha256
             if all(a.module.sha256 != sha for a in self.active.values()):
@@ -422,9 +420,7 @@ class PolicyManager:
         """Capture each policy's last good state if due (the service calls this once a
         second, off the request path: plugins are made with checkpoint_on_hooks=False)."""
         for entry in self.scheduler.policies.entries:
-            checkpoint = getattr(entry.plugin, "checkpoint", None)
-            if checkpoint is not None:
-                checkpoint()
+            entry.plugin.checkpoint()  # every live plugin is a WasmPolicy made here
 
     def names(self) -> list[str]:
         return [e.name for e in self.scheduler.policies.entries]

@@ -10,6 +10,9 @@ One scheduling cycle, for one request (seed 001; the kube-scheduler framework):
     post_response
 
 Plugins know nothing of each other; they share only the read-only :class:`Cycle`.
+Each declares once, in ``capabilities`` (:class:`Capabilities`), which of these it
+implements; :func:`check_plugin` holds it to that when it is installed (a
+``PolicyEntry`` is made), so the runner never probes a plugin for methods.
 A plugin that fails raises :class:`PluginError`; the runner decides the consequence
 (a failed scorer is skipped for that request, a failed filter is skipped too — failing
 open — and both are counted).
@@ -20,6 +23,7 @@ service's event-loop thread). WASM Stores are single-threaded, so plugins may as
 
 from __future__ import annotations
 
+import enum
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -28,6 +32,11 @@ from epick import abi
 from epick.interfaces.cycle import Cycle
 
 __all__ = [
+    "Capabilities",
+    "EXTENSION_POINTS",
+    "Plugin",
+    "check_plugin",
+    "PluginSpecError",
     "PluginError",
     "FilterPlugin",
     "ScorePlugin",
@@ -35,6 +44,78 @@ __all__ = [
     "PostResponsePlugin",
     "Picker",
 ]
+
+
+class Capabilities(enum.Flag):
+    """What a plugin implements, declared by the plugin (``plugin.capabilities``)."""
+
+    NONE = 0
+    FILTER = enum.auto()
+    """``filter(cycle, candidates)`` (:class:`FilterPlugin`)."""
+    SCORE = enum.auto()
+    """``score(cycle, candidates)`` (:class:`ScorePlugin`)."""
+    PRE_REQUEST = enum.auto()
+    """``pre_request(cycle, endpoint)`` (:class:`PreRequestPlugin`)."""
+    POST_RESPONSE = enum.auto()
+    """``post_response(event)`` (:class:`PostResponsePlugin`)."""
+    STATE = enum.auto()
+    """``export_state() -> bytes`` and ``import_state(bytes)``: state is handed over when
+    a new version replaces it."""
+    SCORES_IN_RANGE = enum.auto()
+    """``score`` already returns finite values in [0, 1] (the runtime clamps), so the
+    runner skips its own clip."""
+
+
+#: The capabilities that put a plugin into a stage; a plugin needs at least one.
+EXTENSION_POINTS = (Capabilities.FILTER | Capabilities.SCORE | Capabilities.PRE_REQUEST
+                    | Capabilities.POST_RESPONSE)
+
+_METHODS = {
+    Capabilities.FILTER: ("filter",),
+    Capabilities.SCORE: ("score",),
+    Capabilities.PRE_REQUEST: ("pre_request",),
+    Capabilities.POST_RESPONSE: ("post_response",),
+    Capabilities.STATE: ("export_state", "import_state"),
+    Capabilities.SCORES_IN_RANGE: ("score",),
+}
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    """What every plugin has: a name and its declared capabilities."""
+
+    name: str
+    capabilities: Capabilities
+
+
+class PluginSpecError(TypeError):
+    """A plugin is not what it declares (refused at install). ``plugin`` names it."""
+
+    def __init__(self, plugin: str, reason: str) -> None:
+        super().__init__(f"plugin {plugin!r}: {reason}")
+        self.plugin = plugin
+        self.reason = reason
+
+
+def check_plugin(name: str, plugin: object) -> Capabilities:
+    """The capabilities ``plugin`` declares, once it is held to them; raise
+    :class:`PluginSpecError` naming ``name`` if it declares none, declares no extension
+    point, or lacks a method one of its capabilities needs."""
+    caps = getattr(plugin, "capabilities", None)
+    if not isinstance(caps, Capabilities):
+        raise PluginSpecError(name, f"{type(plugin).__name__} declares no `capabilities` "
+                              f"(an epick.interfaces.Capabilities), got {caps!r}")
+    if not caps & EXTENSION_POINTS:
+        raise PluginSpecError(name, f"implements no extension point (capabilities "
+                              f"{caps!r}; expected at least one of filter, score, "
+                              "pre_request, post_response)")
+    for cap, methods in _METHODS.items():
+        if cap in caps:
+            for method in methods:
+                if not callable(getattr(plugin, method, None)):
+                    raise PluginSpecError(name, f"declares {cap.name} but has no "
+                                          f"{method}() method")
+    return caps
 
 
 class PluginError(Exception):

@@ -28,7 +28,7 @@ import numpy as np
 
 from epick import abi
 from epick.abi import Criticality
-from epick.interfaces import Cycle, Picker, PluginError, PoolSnapshot
+from epick.interfaces import Capabilities, Cycle, Picker, PluginError, PoolSnapshot
 from epick.ratelog import RateLimitedLog
 from epick.scheduler.assignments import Assignments
 from epick.scheduler.filters import AdmissionFilter, AwakeFilter, FreshFilter, ServesModelFilter
@@ -270,7 +270,7 @@ class Scheduler:
                 self._policy_failed(exc, skipped)
                 continue
             self.recorder.policy_latency(entry.name, perf() - t0)
-            if not getattr(entry.plugin, "clamps_scores", False):
+            if Capabilities.SCORES_IN_RANGE not in entry.capabilities:
                 scores = np.clip(scores, 0.0, 1.0)
             totals += entry.weight * scores
             if explain or sink is not None:

@@ -8,7 +8,7 @@ import pytest
 from epick import abi
 from epick.abi import Criticality
 from epick.bench.pypolicies import PyLoad, PyLoraAffinity, PyPrefixCache
-from epick.interfaces import EndpointInfo, PluginError, PoolSnapshot
+from epick.interfaces import Capabilities, EndpointInfo, PluginError, PoolSnapshot
 from epick.scheduler.filters import AdmissionFilter
 from epick.scheduler.pickers import MaxScorePicker, WeightedRandomPicker
 from epick.scheduler.policyset import DuplicatePolicyError, PolicyEntry, PolicySet
@@ -38,10 +38,7 @@ class Boom:
     """A scorer that always fails, like a trapping WASM module."""
 
     name = "boom"
-    is_filter = False
-    is_scorer = True
-    has_pre_request = False
-    has_post_response = False
+    capabilities = Capabilities.SCORE
 
     def score(self, cycle, candidates):
         raise PluginError("boom", "score", "trap", "unreachable executed")
