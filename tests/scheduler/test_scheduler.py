@@ -60,6 +60,9 @@ class Recorder:
     def shadow(self, policy, agree, delta):
         self.shadows.append((policy, agree, delta))
 
+    def completion(self, status, prompt_tokens, completion_tokens, ttft_s):
+        pass
+
 
 def test_queue_10_5_0_picks_the_idle_endpoint_and_orders_fallbacks():
     p = pool(ep(1, waiting=10), ep(2, waiting=5), ep(3, waiting=0))
@@ -264,3 +267,76 @@ def test_weighted_random_follows_the_totals():
     totals = np.array([3.0, 1.0])
     firsts = [WeightedRandomPicker().pick(totals, 1, s)[0] for s in range(2000)]
     assert 0.68 < firsts.count(0) / 2000 < 0.82
+
+
+class FailsAt:
+    """A plugin of every stage that raises PluginError at ``stage`` only."""
+
+    def __init__(self, stage: str, name: str = "flaky") -> None:
+        self.name, self.stage = name, stage
+        self.capabilities = (Capabilities.FILTER | Capabilities.SCORE
+                             | Capabilities.PRE_REQUEST | Capabilities.POST_RESPONSE)
+
+    def _maybe_fail(self, stage):
+        if stage == self.stage:
+            raise PluginError(self.name, stage, "trap", "unreachable executed")
+
+    def filter(self, cycle, candidates):
+        self._maybe_fail("filter")
+        return candidates
+
+    def score(self, cycle, candidates):
+        self._maybe_fail("score")
+        return np.full(len(candidates), 0.5)
+
+    def pre_request(self, cycle, endpoint):
+        self._maybe_fail("pre_request")
+
+    def post_response(self, event):
+        self._maybe_fail("post_response")
+
+
+@pytest.mark.parametrize(("stage", "shadow", "listed"), [
+    ("filter", False, True),
+    ("score", False, True),
+    ("pre_request", False, True),
+    ("score", True, False),  # a shadow's failure never shows in the live answer
+    ("pre_request", True, True),  # shadows record the pick like live policies
+    ("post_response", False, False),  # after the answer: counted only
+], ids=["filter", "score", "pre_request", "shadow-score", "shadow-pre_request",
+        "post_response"])
+def test_every_stage_guards_a_failing_plugin_the_same_way(stage, shadow, listed):
+    rec = Recorder()
+    p = pool(ep(1), ep(2))
+    s = sched(p, PolicyEntry("flaky", FailsAt(stage), shadow=shadow),
+              PolicyEntry("load", PyLoad()), recorder=rec)
+    d = s.schedule(req(request_id="r"))
+    assert d.endpoint in ("10.0.0.1:8000", "10.0.0.2:8000")
+    assert s.complete(decision_id=d.decision_id) is True
+    assert rec.errors == [("flaky", "trap")]
+    assert d.skipped == (["flaky: trap: unreachable executed"] if listed else [])
+    assert len(rec.stage_times) == 1 and all(t >= 0 for t in rec.stage_times[0])
+
+
+def test_completion_hooks_name_the_picked_endpoint_and_the_log_what_the_gateway_said():
+    class Sink:
+        def __init__(self):
+            self.completions = []
+
+        def decision(self, *args):
+            pass
+
+        def completion(self, decision_id, event, endpoint, *rest):
+            self.completions.append((event.endpoint, endpoint))
+
+    lora = PyLoraAffinity()
+    p = pool(ep(1, max_lora=2), ep(2, max_lora=2), ep(3, max_lora=2))
+    s = sched(p, PolicyEntry("lora", lora))
+    s.decisions = sink = Sink()
+    d = s.schedule(req(adapter="a"))  # no request id: history is keyed by endpoint
+    assert lora.history == {("a", d.endpoint): 1}
+    # the gateway failed over to a fallback and says so
+    assert s.complete(decision_id=d.decision_id, endpoint=d.fallbacks[0]) is True
+    assert lora.history == {("a", d.endpoint): 0}  # the pick's history came down
+    assert s.assignments.in_flight(d.endpoint) == 0
+    assert sink.completions == [(d.endpoint, d.fallbacks[0])]
