@@ -38,7 +38,7 @@ from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker
 from epick.api.picker import PickerService
 from epick.config import Config, ConfigError, load, resolve_module
 from epick.interfaces import PluginError
-from epick.policy_manager import PolicyManager, PolicyRejected, read_module
+from epick.policy_manager import PolicyManager, PolicyRejected, PolicySpec, read_module
 from epick.policy_store import PolicyStore
 from epick.pool import Pool
 from epick.runtime import Limits, Runtime
@@ -259,7 +259,7 @@ class Service:
         """Config entries that differ from the last applied config (entry or module bytes)."""
         return {n for n, seen in applied.items() if self._applied_policies.get(n) != seen}
 
-    def _policy_entries(self, config: Config) -> tuple[list, dict[str, tuple]]:
+    def _policy_entries(self, config: Config) -> tuple[list[PolicySpec], dict[str, tuple]]:
         """The config's policies with their module bytes (reads files: off the loop), and
         what identifies each entry (for "changed since the last reload")."""
         entries = []
@@ -273,7 +273,8 @@ class Service:
             except PolicyRejected as exc:
                 raise ConfigError(source, f"policy {pc.name!r}: cannot read module {path}: "
                                   f"{exc.reason}") from None
-            entries.append((pc.name, wasm, dict(pc.params), pc.weight, pc.shadow, str(path)))
+            entries.append(PolicySpec(pc.name, wasm, dict(pc.params), pc.weight, pc.shadow,
+                                      str(path)))
             if self.decisions is not None:
                 self.decisions.add_module(wasm, pc.name)
             applied[pc.name] = (pc, hashlib.sha256(wasm).digest())
