@@ -40,8 +40,6 @@ class Cycle:
     _inputs: dict[tuple[bool, tuple[int, ...]], bytes] = field(default_factory=dict)
     _assigned: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] = field(
         default_factory=dict)
-    data: dict[str, object] = field(default_factory=dict)
-    """Free-form per-cycle data, keyed by plugin name (kube's CycleState)."""
     now_ms: int = 0
     """Unix ms of this decision, stamped once by the scheduler so every policy's hooks see
     the same clock (and a replay of the decision log can give them the same again);

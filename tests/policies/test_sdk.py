@@ -13,7 +13,8 @@ import wasmtime
 from policy_payloads import PolicyCallError, ep, post, pre, score_input, snap
 
 from epick import abi
-from epick.policies_build import POLICIES_DIR, discover
+from epick.config import BUILTIN_POLICY_DIR
+from epick.policies_build import discover
 from epick.runtime import PolicyTrap
 
 POOL = snap([
@@ -24,13 +25,13 @@ REQUEST = dict(request_id="r1", model="m", adapter="x", prompt="p" * 200, critic
                cache_salt="s", headers={"k": "v"})
 
 def _exports(name: str) -> frozenset[str]:
-    wasm = (POLICIES_DIR / "dist" / f"{name}.wasm").read_bytes()
+    wasm = (BUILTIN_POLICY_DIR / f"{name}.wasm").read_bytes()
     return frozenset(e.name for e in wasmtime.Module(wasmtime.Engine(), wasm).exports)
 
 
 #: Every policy under policies/ (discovered, so one an author adds is checked too).
 EXPORTS = {p.name: _exports(p.name) for p in discover()
-           if (POLICIES_DIR / "dist" / f"{p.name}.wasm").is_file()}
+           if (BUILTIN_POLICY_DIR / f"{p.name}.wasm").is_file()}
 #: policy -> its request-path export (a filter policy's filter, else score)
 INPUTS = {name: "filter" if "filter" in ex else "score" for name, ex in EXPORTS.items()}
 

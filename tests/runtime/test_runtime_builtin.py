@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from epick import abi
+from epick.config import BUILTIN_POLICY_DIR
 from epick.interfaces import Capabilities, Cycle, PoolSnapshot
 from epick.runtime import WasmPolicy
 from epick.runtime.validate import synthetic_snapshot
 
-DIST = Path(__file__).resolve().parents[2] / "policies" / "dist"
+DIST = BUILTIN_POLICY_DIR
 BUILT = sorted(DIST.glob("*.wasm"))
 
 

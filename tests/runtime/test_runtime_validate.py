@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import wasmtime
 from wat_modules import wasm, wat_source
 
+from epick.config import BUILTIN_POLICY_DIR
 from epick.runtime import Limits, PolicyLoadError, Runtime, validate
 from epick.runtime.validate import synthetic_snapshot
 
-DIST = Path(__file__).resolve().parents[2] / "policies" / "dist"
+DIST = BUILTIN_POLICY_DIR
 
 
 @pytest.mark.parametrize("name", ["counter", "keep_even"])
