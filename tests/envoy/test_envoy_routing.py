@@ -17,7 +17,7 @@ import httpx
 import pytest
 from fakes import vllm_page
 
-from epick.api.ext_proc_envoy import EXAMPLES, find_envoy
+from epick.bench.envoy import EXAMPLES, find_envoy
 
 BUSY = vllm_page(waiting=40, running=20, kv=0.95)
 IDLE = vllm_page(waiting=0, running=0, kv=0.05)
