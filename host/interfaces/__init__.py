@@ -4,9 +4,9 @@
 publishes (:class:`PoolSnapshot`, :class:`EndpointInfo`), the per-request
 :class:`Cycle`, the plugin protocols (filter, score, pre-request, post-response), the
 :class:`Picker`, the :class:`Capabilities` a plugin declares (checked once, at install,
-by :func:`check_plugin`) and the one error a plugin raises (:class:`PluginError`). The scheduler
-runs them, the runtime implements them (``WasmPolicy``), the pool builds the snapshot,
-the API and the decision log read it.
+by :func:`check_plugin`) and the one error a plugin raises (:class:`PluginError`). The
+scheduler runs them, the runtime implements them (``WasmPolicy``), the pool builds the
+snapshot, the API and the decision log read it.
 
 Nothing here imports any of those: only :mod:`epick.abi` (the policy payloads). The
 rule, with the others, is written in docs/design.md ("Layers") and checked by
