@@ -113,8 +113,6 @@ class ActivePolicy:
     kind: str = "custom"
     conformant: bool | None = None
     """Result of the conformance gate; ``None`` when it was not run (config-loaded)."""
-    shadow_calls: int = 0
-    shadow_agree: int = 0
     smoke_fuel: dict[str, int] = field(default_factory=dict)
     """Most fuel each request-path export used on the smoke run (``validate``)."""
     plugin: WasmPolicy | None = field(default=None, repr=False)

@@ -100,8 +100,7 @@ def _listen(bind, address: str, key: str) -> int:
 class TelemetryRecorder:
     """The scheduler's and API's view of :mod:`epick.telemetry` (pre-bound children)."""
 
-    def __init__(self, manager: PolicyManager | None = None) -> None:
-        self.manager = manager
+    def __init__(self) -> None:
         self._total = telemetry.PICK_LATENCY.labels("total")
         self._stages = [telemetry.PICK_LATENCY.labels(s) for s in ("filter", "score", "pick",
                                                                     "hooks")]
@@ -138,10 +137,6 @@ class TelemetryRecorder:
     def shadow(self, policy: str, agree: bool, delta: float) -> None:
         self._shadow_agreement(policy, "true" if agree else "false").inc()
         self._shadow_delta(policy).observe(delta)
-        if self.manager is not None and policy in self.manager.active:
-            info = self.manager.active[policy]
-            info.shadow_calls += 1
-            info.shadow_agree += agree
 
 
 def _limits(config: Config) -> Limits:
@@ -223,7 +218,7 @@ class Service:
             require_conformance=config.admin.require_conformance,
             allow_nonconformant_shadow=config.admin.allow_nonconformant_shadow,
         )
-        self.recorder = TelemetryRecorder(self.manager)
+        self.recorder = TelemetryRecorder()
         self.scheduler.recorder = self.recorder
         telemetry.POLICY_STATS.source = lambda: [(e.name, e.plugin)
                                                  for e in self.scheduler.policies.entries]

@@ -83,8 +83,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             p99_us=getattr(stats, "p99_us", 0.0),
             kind=active.kind,
             breaker=breaker() if callable(breaker) else str(breaker),
-            shadow_agreement=(active.shadow_agree / active.shadow_calls
-                              if active.shadow_calls else 0.0),
+            shadow_agreement=self.manager.scheduler.shadow_agreement(plugin),
             origin=active.origin,
             recoveries=getattr(stats, "recoveries", 0),
             timeout_retries=getattr(stats, "timeout_retries", 0),

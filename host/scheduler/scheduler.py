@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -168,6 +169,9 @@ class Scheduler:
         #: Where decisions and completions are recorded (``epick.decisions.DecisionLog``);
         #: ``None`` = not recorded. Its methods only enqueue: they never block a pick.
         self.decisions: DecisionSink | None = None
+        # [picks scored, picks agreeing] per shadow plugin: a new plugin (a new load of
+        # the policy) starts from zero, a dropped one is forgotten with it.
+        self._shadow_tally: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @property
     def decision_ttl_s(self) -> float:
@@ -176,6 +180,12 @@ class Scheduler:
     @property
     def pending_decisions(self) -> int:
         return len(self.memory)
+
+    def shadow_agreement(self, plugin: object) -> float:
+        """The share of picks on which shadow ``plugin`` would have picked the live
+        endpoint (0.0 before it has scored one)."""
+        calls, agree = self._shadow_tally.get(plugin, (0, 0))
+        return agree / calls if calls else 0.0
 
     # -- the cycle -----------------------------------------------------------------
 
@@ -323,6 +333,9 @@ class Scheduler:
             scores = np.clip(scores, 0.0, 1.0)
             best = int(np.argmax(scores))
             agree = bool(scores[live_pos] >= scores[best])
+            tally = self._shadow_tally.setdefault(entry.plugin, [0, 0])
+            tally[0] += 1
+            tally[1] += agree
             self.recorder.shadow(entry.name, agree, float(scores[best] - scores[live_pos]))
             out[entry.name] = scores
         return out

@@ -340,3 +340,16 @@ def test_completion_hooks_name_the_picked_endpoint_and_the_log_what_the_gateway_
     assert lora.history == {("a", d.endpoint): 0}  # the pick's history came down
     assert s.assignments.in_flight(d.endpoint) == 0
     assert sink.completions == [(d.endpoint, d.fallbacks[0])]
+
+
+def test_shadow_agreement_is_tallied_per_plugin_and_a_new_load_starts_fresh():
+    p = pool(ep(1), ep(2, waiting=9))
+    lora = PyLoraAffinity()  # scores both 0.8-ish: agrees with load's pick
+    s = sched(p, PolicyEntry("load", PyLoad()), PolicyEntry("lora", lora, shadow=True))
+    assert s.shadow_agreement(lora) == 0.0  # nothing scored yet
+    for seed in range(10):
+        s.schedule(req(seed=seed))
+    assert s.shadow_agreement(lora) == 1.0
+    fresh = PyLoraAffinity()
+    s.policies = s.policies.put(PolicyEntry("lora", fresh, shadow=True))
+    assert s.shadow_agreement(fresh) == 0.0 and s.shadow_agreement(lora) == 1.0
