@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from timing import SPURIOUS, per_call_us
 
 from epick import abi
+from epick.config import BUILTIN_POLICY_DIR
 from epick.runtime import Limits, Runtime
 
-DIST = Path(__file__).resolve().parent.parent / "policies" / "dist"
+DIST = BUILTIN_POLICY_DIR
 PROMPT = "".join(f"{i:04d} lorem ipsum dolor sit amet, consectetur adipiscing elit.. " for i in range(64))
 
 

@@ -21,14 +21,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import wasmtime
 from timing import SPURIOUS, per_call_us, snapshot
 
 from epick import abi
+from epick.config import BUILTIN_POLICY_DIR
+from epick.interfaces import Cycle, PoolSnapshot
 from epick.runtime import Limits, PolicyOutOfFuel, PolicyTimeout, Runtime, WasmPolicy
-from epick.scheduler.framework import Cycle, PoolSnapshot
 
 TRIVIAL = r"""
 (module
@@ -51,7 +51,7 @@ SPIN = TRIVIAL.replace(
     "(f64.store (local.get 2) (f64.const 0.5))", "(loop $forever (br $forever))"
 )
 
-DIST = Path(__file__).resolve().parent.parent / "policies" / "dist"
+DIST = BUILTIN_POLICY_DIR
 
 
 

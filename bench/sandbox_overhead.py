@@ -24,15 +24,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 from timing import snapshot
 
 from epick import abi
+from epick.config import BUILTIN_POLICY_DIR
+from epick.interfaces import Cycle, PoolSnapshot
 from epick.runtime import Limits, Runtime, WasmPolicy
-from epick.scheduler.framework import Cycle, PoolSnapshot
 
-DIST = Path(__file__).resolve().parent.parent / "policies" / "dist"
+DIST = BUILTIN_POLICY_DIR
 ENGINES = {"none": (False, False), "epoch": (False, True), "fuel": (True, False),
            "both": (True, True)}
 

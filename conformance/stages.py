@@ -23,9 +23,9 @@ from epick import abi
 from epick.abi import Criticality
 from epick.conformance.driver import Driver
 from epick.conformance.schema import Case, HostPolicy, Pick, State, Stats, to_abi_request
+from epick.interfaces import Capabilities, Cycle, EndpointInfo, PoolSnapshot
 from epick.scheduler.filters import AdmissionFilter
-from epick.scheduler.framework import Cycle, EndpointInfo, PoolSnapshot
-from epick.scheduler.picker import make_picker
+from epick.scheduler.pickers import make_picker
 from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler, SchedulingError
 
@@ -143,15 +143,18 @@ class FixedPolicy:
         self.name = spec.name
         self._scores = None if spec.scores is None else np.asarray(spec.scores, dtype=float)
         self._keep = spec.keep
-        self.is_filter = spec.keep is not None
-        self.is_scorer = spec.scores is not None
-        self.has_pre_request = self.has_post_response = False
+        self.capabilities = ((Capabilities.FILTER if spec.keep is not None else Capabilities.NONE)
+                             | (Capabilities.SCORE if spec.scores is not None
+                                else Capabilities.NONE))
 
     def score(self, cycle: Cycle, candidates: tuple[int, ...]) -> np.ndarray:
         return self._scores[list(candidates)]
 
     def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(c for c in candidates if self._keep[c])
+
+    def close(self) -> None:
+        pass
 
 
 def _plugin(spec: HostPolicy, module, runtime, base: Path | None, params: dict):
@@ -205,9 +208,7 @@ def check_host(case: Case, snap: abi.Snapshot, module, runtime, base: Path | Non
         return _host_once(case, snap, _scheduler(case, pool, plugins), request)
     finally:
         for plugin in plugins:
-            close = getattr(plugin, "close", None)
-            if close is not None:
-                close()
+            plugin.close()
 
 
 def _host_once(case: Case, snap, scheduler: Scheduler, request) -> tuple[list[str], str]:
@@ -255,7 +256,7 @@ def _host_stats(case: Case, snap, pool, plugins, module, runtime, base, params):
     base_request = to_abi_request(case.request)
     # Hooks record every pick; draws must be independent, so a policy with history gets
     # a fresh instance per seed.
-    stateful = [getattr(p, "has_pre_request", False) for p in plugins]
+    stateful = [Capabilities.PRE_REQUEST in p.capabilities for p in plugins]
     for seed in range(stats.first_seed, stats.first_seed + stats.seeds):
         if any(stateful):
             for i, spec in enumerate(case.host.policies):

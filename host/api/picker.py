@@ -13,6 +13,7 @@ records telemetry through pre-bound children, and builds no explanation unless a
 from __future__ import annotations
 
 import logging
+import random
 import time
 
 import anyio
@@ -20,7 +21,7 @@ import grpc
 
 from epick import abi
 from epick.api.gen.epick.v1 import picker_pb2, picker_pb2_grpc
-from epick.scheduler.scheduler import Scheduler, SchedulingError, Shed, Unavailable, random_seed
+from epick.scheduler.scheduler import Scheduler, SchedulingError, Shed, Unavailable
 
 __all__ = ["PickerService", "InvalidArgument", "to_request", "to_completion", "pin_of",
            "status_for"]
@@ -65,6 +66,12 @@ def _check_name(field: str, value: str, *, required: bool = False) -> None:
         raise InvalidArgument(f"{field} {value!r} has leading or trailing whitespace")
     if not value.isprintable():
         raise InvalidArgument(f"{field} {value!r} contains control characters")
+
+
+def random_seed() -> int:
+    """A fresh u64 seed for a request that brought none (the API's default, so the
+    scheduler only ever sees seeded requests)."""
+    return random.getrandbits(64)
 
 
 def to_request(msg: picker_pb2.PickRequest) -> abi.Request:

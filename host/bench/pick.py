@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from epick import abi
 from epick.bench.pypolicies import PyLoad, PyLoraAffinity, PyPrefixCache
 from epick.config import resolve_module
-from epick.scheduler.framework import PoolSnapshot
+from epick.interfaces import PoolSnapshot
 from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler
 

@@ -15,7 +15,7 @@ import numpy as np
 import xxhash
 
 from epick import abi
-from epick.scheduler.framework import Cycle
+from epick.interfaces import Capabilities, Cycle
 
 __all__ = ["PyLoad", "PyLoraAffinity", "PyPrefixCache", "work"]
 
@@ -37,10 +37,7 @@ def work(cycle: Cycle, candidates: tuple[int, ...]) -> np.ndarray:
 class PyLoad:
     """queue score (max−q)/(max−min), kv score 1−kv, work score s/(s+w), by weights."""
 
-    is_filter = False
-    is_scorer = True
-    has_pre_request = False
-    has_post_response = False
+    capabilities = Capabilities.SCORE
 
     def __init__(self, name: str = "load", queue_weight: float = 1.0, kv_weight: float = 1.0,
                  work_weight: float = 2.0, work_scale: float = 8.0):
@@ -61,10 +58,7 @@ class PyLoad:
 class PyLoraAffinity:
     """The seed table (1 / 0.75 / 0–0.5 / 0) with pre/post request history."""
 
-    is_filter = False
-    is_scorer = True
-    has_pre_request = True
-    has_post_response = True
+    capabilities = Capabilities.SCORE | Capabilities.PRE_REQUEST | Capabilities.POST_RESPONSE
 
     def __init__(self, name: str = "lora-affinity", max_imbalance: int = 16):
         self.name = name
@@ -117,10 +111,7 @@ class PyLoraAffinity:
 class PyPrefixCache:
     """DESIGN.md's chained xxh64 block hashes and a per-endpoint LRU."""
 
-    is_filter = False
-    is_scorer = True
-    has_pre_request = True
-    has_post_response = False
+    capabilities = Capabilities.SCORE | Capabilities.PRE_REQUEST
 
     def __init__(self, name: str = "prefix-cache", block_size: int = 64, max_blocks: int = 256,
                  lru_capacity: int = 31_250, max_imbalance: int = 8):

@@ -39,9 +39,9 @@ from pathlib import Path
 
 from epick import abi
 from epick.config import resolve_module
+from epick.interfaces import PoolSnapshot
 from epick.runtime.limits import Limits
-from epick.scheduler.framework import PoolSnapshot
-from epick.scheduler.picker import make_picker
+from epick.scheduler.pickers import make_picker
 from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler, SchedulingError
 

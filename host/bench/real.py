@@ -10,6 +10,9 @@ request list, open loop (arrivals at the workload's times, never waiting for ans
 - ``epick``: a real ``epick serve`` process with the default policies; the driver acts as
   the gateway (Pick over gRPC, stream the request to the endpoint, ReportCompletion with
   tokens and TTFT);
+- ``epick-precise``: another ``epick serve`` with ``precise-prefix`` in place of
+  ``prefix-cache``, subscribed to every replica's KV-cache events (ZMQ, with replay) and
+  tokenizing with the model's own tokenizer files;
 - ``round-robin``; ``least-queue`` (fewest ``num_requests_waiting`` on a 50 ms scrape of
   the replicas' own pages, first on ties — as the simulator's router).
 
@@ -46,7 +49,9 @@ from epick.sim import workload as wl
 
 __all__ = ["main"]
 
-ROUTERS = ("epick", "round-robin", "least-queue")
+ROUTERS = ("epick", "epick-precise", "round-robin", "least-queue")
+#: The routers that are an ``epick serve`` process, and the prefix policy each runs.
+EPICK_PREFIX_POLICY = {"epick": "prefix-cache", "epick-precise": "precise-prefix"}
 WORKLOADS = ("shared-prefix", "multi-lora", "zero-hit")
 
 
@@ -174,7 +179,7 @@ async def _run_one(router: str, reqs, replicas, model: str, epick_target: str | 
     async def one(k: int, req) -> None:
         nonlocal rr, tokens, resident_hits
         decision = None
-        if router == "epick":
+        if stub is not None:
             decision = await stub.Pick(pb.PickRequest(
                 model=model, adapter=req.adapter, prompt=req.prompt, seed=seed * 100_003 + k,
                 request_id=req.request_id), timeout=5)
@@ -235,19 +240,25 @@ async def _run_one(router: str, reqs, replicas, model: str, epick_target: str | 
     return res
 
 
-def _epick_config(addresses: list[str], path: Path) -> None:
+def _epick_config(fleet, router: str, path: Path) -> None:
+    precise = router == "epick-precise"
     lines = ["version = 1", "[server]", 'listen = "127.0.0.1:0"', 'metrics_listen = ""',
              "[admin]", 'listen = ""', "[pool]", "scrape_interval_ms = 50"]
-    for a in addresses:
-        lines += ["[[pool.endpoints]]", f'address = "{a}"']
-    for p in ("load", "prefix-cache", "lora-affinity"):
+    if precise:
+        lines += ["[kv_events]", f'tokenizer = "{fleet.model_dir}"']
+    for r in fleet.replicas:
+        lines += ["[[pool.endpoints]]", f'address = "{r.address}"']
+        if precise:
+            lines += [f'kv_events = "{r.kv_events_endpoint}"',
+                      f'kv_replay = "{r.kv_replay_endpoint}"', f'kv_topic = "{r.kv_topic}"']
+    for p in ("load", EPICK_PREFIX_POLICY[router], "lora-affinity"):
         lines += ["[[policies]]", f'name = "{p}"', f'module = "{p}"']
     path.write_text("\n".join(lines) + "\n")
 
 
-def _start_epick(addresses: list[str], tmp: Path) -> tuple[subprocess.Popen, str]:
-    config = tmp / "epick.toml"
-    _epick_config(addresses, config)
+def _start_epick(fleet, router: str, tmp: Path) -> tuple[subprocess.Popen, str]:
+    config = tmp / f"{router}.toml"
+    _epick_config(fleet, router, config)
     proc = subprocess.Popen(
         [sys.executable, "-m", "epick.cli", "--log-level", "WARNING", "serve", "--config",
          str(config)], stdout=subprocess.PIPE, text=True)
@@ -275,10 +286,12 @@ async def _bench(args, fleet) -> list[RunResult]:
     from epick.fleet import SERVED_MODEL
 
     results: list[RunResult] = []
-    addresses = [r.address for r in fleet.replicas]
     with tempfile.TemporaryDirectory() as tmp:
-        epick, target = _start_epick(addresses, Path(tmp))
+        epicks: dict[str, tuple[subprocess.Popen, str]] = {}
         try:
+            for router in args.routers:
+                if router in EPICK_PREFIX_POLICY:
+                    epicks[router] = _start_epick(fleet, router, Path(tmp))
             timeout = aiohttp.ClientTimeout(total=300)
             async with aiohttp.ClientSession(timeout=timeout) as http:
                 scraper = Scraper(fleet.replicas)
@@ -292,6 +305,7 @@ async def _bench(args, fleet) -> list[RunResult]:
                             for router in args.routers:
                                 await _reset_prefix_caches(http, fleet.replicas)
                                 await asyncio.sleep(1.0)
+                                target = epicks[router][1] if router in epicks else None
                                 r = await _run_one(router, reqs, fleet.replicas, SERVED_MODEL,
                                                    target, scraper, http, args.seed)
                                 r.workload, r.rate = name, rate
@@ -300,8 +314,9 @@ async def _bench(args, fleet) -> list[RunResult]:
                 finally:
                     scrape.cancel()
         finally:
-            epick.terminate()
-            epick.wait(timeout=20)
+            for proc, _ in epicks.values():
+                proc.terminate()
+                proc.wait(timeout=20)
     return results
 
 

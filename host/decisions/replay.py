@@ -29,9 +29,9 @@ import numpy as np
 
 from epick import abi
 from epick.decisions import features, schema
+from epick.interfaces import Capabilities, EndpointInfo, PluginError, PoolSnapshot
 from epick.scheduler.filters import AdmissionFilter
-from epick.scheduler.framework import EndpointInfo, PluginError, PoolSnapshot
-from epick.scheduler.picker import make_picker
+from epick.scheduler.pickers import make_picker
 from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler, SchedulingError
 
@@ -186,9 +186,9 @@ class _FailedLive:
         self._plugin = plugin
         self._reason = reason
         self.name = plugin.name
-        for flag in ("is_filter", "is_scorer", "has_pre_request", "has_post_response"):
-            setattr(self, flag, getattr(plugin, flag))
-        self.clamps_scores = True
+        # a wrapper for one decision: it hands no state over
+        self.capabilities = ((plugin.capabilities & ~Capabilities.STATE)
+                             | Capabilities.SCORES_IN_RANGE)
 
     def score(self, cycle, candidates):
         raise PluginError(self.name, "score", _LIVE_FAILURE, self._reason)
@@ -217,9 +217,9 @@ class _Recovering:
         self._recorded = recorded
         self.done = False
         self.name = plugin.name
-        for flag in ("is_filter", "is_scorer", "has_pre_request", "has_post_response"):
-            setattr(self, flag, getattr(plugin, flag))
-        self.clamps_scores = True
+        # a wrapper for one decision: it hands no state over
+        self.capabilities = ((plugin.capabilities & ~Capabilities.STATE)
+                             | Capabilities.SCORES_IN_RANGE)
 
     def recover(self) -> None:
         if not self.done:
@@ -502,7 +502,7 @@ class Replayer:
                     raise ReplayError(f"policy {name!r}: {exc}") from None
                 if name in current:  # a live swap: hand state over, as the service does
                     old = current.get(name).plugin
-                    if getattr(old, "has_state", False) and plugin.has_state:
+                    if Capabilities.STATE in old.capabilities & plugin.capabilities:
                         try:
                             state = old.export_state()
                             if state:

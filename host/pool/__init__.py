@@ -5,7 +5,7 @@
     pool = Pool([EndpointSpec(address="10.0.0.7:8000")])
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)      # returns after the first scrape round
-        pool.snapshot                 # epick.scheduler.framework.PoolSnapshot
+        pool.snapshot                 # epick.interfaces.PoolSnapshot
 
 Modules: ``spec`` (EndpointSpec), ``parse`` (a /metrics page -> EndpointMetrics),
 ``pool`` (the scrape loops and the published snapshot), ``errors`` (ScrapeError).

@@ -29,12 +29,12 @@ from anyio.abc import TaskStatus
 from prometheus_client import Gauge
 
 from epick import abi, telemetry
+from epick.interfaces import EndpointInfo, PoolSnapshot
 from epick.pool.errors import ScrapeError
 from epick.pool.fetch import Listing, LocalReader, new_session
 from epick.pool.parse import ScrapedPage
 from epick.pool.spec import EndpointSpec
 from epick.pool.worker import ScrapeWorker
-from epick.scheduler.framework import EndpointInfo, PoolSnapshot
 
 __all__ = ["Pool", "EndpointStatus", "MAX_BACKOFF_MS", "SCRAPE_IN"]
 

@@ -6,7 +6,7 @@
     mod = rt.compile(wasm, name="lora")    # checked against policies/ABI.md
     validate(mod, params)                  # smoke-run (judged on fuel) before it goes live
     rt.keep(mod)                           # accepted: cache its compiled code
-    plugin = WasmPolicy(mod, params)       # a scheduler plugin (epick.scheduler.framework)
+    plugin = WasmPolicy(mod, params)       # a scheduler plugin (epick.interfaces)
     ...
     rt.close()
 
@@ -14,7 +14,7 @@ Layers: :class:`Runtime` (Engine, ticker, artifact cache) -> :class:`PolicyModul
 (compiled + checked) -> :class:`PolicyInstance` (one Store: raw ABI calls, fast ctypes
 path, raises :class:`PolicyError` subclasses) -> :class:`WasmPolicy` (the plugin: snapshot
 delivery, output checks, trap recovery, circuit breaker, stats; raises
-``framework.PluginError``).
+``epick.interfaces.PluginError``).
 
 Threading rule: a wasmtime Store — so a PolicyInstance, and a WasmPolicy — is used by
 one thread at a time. The service runs every pick on its event-loop thread; a second

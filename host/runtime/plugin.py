@@ -1,4 +1,4 @@
-"""WasmPolicy: a policy module as a scheduler plugin (epick.scheduler.framework).
+"""WasmPolicy: a policy module as a scheduler plugin (epick.interfaces).
 
 One WasmPolicy owns one :class:`PolicyInstance` and turns the framework's calls into ABI
 calls:
@@ -7,7 +7,7 @@ calls:
   is delivered once per pool snapshot (a new :class:`PoolSnapshot` object) before the
   first score/filter on it, and ``ScoreInput.snapshot`` is nil; otherwise every call
   carries the snapshot inline (``cycle.score_input(..., inline_snapshot=True)``).
-- **Failures** become ``framework.PluginError(plugin, stage, kind, reason)``, ``kind``
+- **Failures** become ``PluginError(plugin, stage, kind, reason)``, ``kind``
   one of ``error`` (non-zero return), ``trap``, ``timeout`` (the wall-clock backstop),
   ``out-of-fuel``, ``invalid-output`` (NaN, inf, wrong count, bad keep byte),
   ``circuit-open`` and ``recovering`` (the instance is being re-created). Scores
@@ -66,6 +66,7 @@ from typing import Any
 import numpy as np
 
 from epick import abi
+from epick.interfaces import Capabilities, Cycle, PluginError
 from epick.ratelog import RateLimitedLog
 from epick.runtime.breaker import CircuitBreaker
 from epick.runtime.errors import (
@@ -78,9 +79,8 @@ from epick.runtime.errors import (
 from epick.runtime.instance import PolicyInstance
 from epick.runtime.module import PolicyModule
 from epick.runtime.stats import PolicyStats
-from epick.scheduler.framework import Cycle, PluginError
 
-__all__ = ["WasmPolicy", "error_kind"]
+__all__ = ["WasmPolicy", "error_kind", "capabilities_of"]
 
 log = logging.getLogger(__name__)
 _rlog = RateLimitedLog(log)
@@ -116,6 +116,21 @@ def error_kind(exc: PolicyError) -> str:
     return "error"
 
 
+def capabilities_of(exports) -> Capabilities:
+    """A module's plugin capabilities, from the names it exports."""
+    caps = Capabilities.NONE
+    for export, cap in (("filter", Capabilities.FILTER), ("score", Capabilities.SCORE),
+                        ("pre_request", Capabilities.PRE_REQUEST),
+                        ("post_response", Capabilities.POST_RESPONSE)):
+        if export in exports:
+            caps |= cap
+    if "export_state" in exports and "import_state" in exports:
+        caps |= Capabilities.STATE
+    if "score" in exports:
+        caps |= Capabilities.SCORES_IN_RANGE
+    return caps
+
+
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -148,11 +163,11 @@ class WasmPolicy:
         self.name = name or mod.name
         self._inst: PolicyInstance | None = mod.instantiate(self.params)
         exports = mod.exports
-        self.is_filter = "filter" in exports
-        self.is_scorer = "score" in exports
-        self.has_pre_request = "pre_request" in exports
-        self.has_post_response = "post_response" in exports
-        self.has_state = "export_state" in exports and "import_state" in exports
+        #: What it implements, from its exports: declared once, checked at install.
+        #: score() returns finite values clamped to [0, 1], so the scheduler need not
+        #: clamp again (SCORES_IN_RANGE).
+        self.capabilities = capabilities_of(exports)
+        self.has_state = Capabilities.STATE in self.capabilities
         self._resident = "set_snapshot" in exports
         limits = mod.runtime.limits
 
@@ -173,9 +188,6 @@ class WasmPolicy:
         self._clock = clock
         self._now_ms = now_ms
         self._checkpoint_interval_s = checkpoint_interval_s
-        #: score() already returns finite values clamped to [0, 1]: the scheduler
-        #: need not clamp again.
-        self.clamps_scores = True
         self._checkpoint_gap_s = checkpoint_interval_s
         self._checkpoint_on_hooks = checkpoint_on_hooks
         self._last_checkpoint = float("-inf")

@@ -1,6 +1,6 @@
 """Host filters: the hard rules every request passes before any policy scores it.
 
-Each is a :class:`~epick.scheduler.framework.FilterPlugin` and runs in this order:
+Each is a :class:`~epick.interfaces.FilterPlugin` and runs in this order:
 ``fresh`` -> ``awake`` -> ``serves-model`` -> ``admission``. They read only the cycle's snapshot.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from epick.abi import Criticality
-from epick.scheduler.framework import Cycle
+from epick.interfaces import Cycle
 
 __all__ = ["FreshFilter", "AwakeFilter", "ServesModelFilter", "AdmissionFilter"]
 

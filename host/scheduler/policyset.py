@@ -7,14 +7,9 @@ old set, the next one sees the new set. Changes build a new :class:`PolicySet`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from epick.scheduler.framework import (
-    FilterPlugin,
-    PostResponsePlugin,
-    PreRequestPlugin,
-    ScorePlugin,
-)
+from epick.interfaces import Capabilities, Plugin, check_plugin
 
 __all__ = ["PolicyEntry", "PolicySet", "DuplicatePolicyError", "UnknownPolicyError"]
 
@@ -34,34 +29,37 @@ class UnknownPolicyError(KeyError):
         return f"no policy named {self.name!r}"
 
 
-def _flag(plugin: object, attr: str, protocol: type) -> bool:
-    """Which extension points a plugin implements: its own flag, else its methods."""
-    value = getattr(plugin, attr, None)
-    return bool(value) if value is not None else isinstance(plugin, protocol)
-
-
 @dataclass(frozen=True, slots=True)
 class PolicyEntry:
+    """One policy in a set. Making one is installing its plugin: the plugin's declared
+    :class:`~epick.interfaces.Capabilities` are checked here, once
+    (:class:`~epick.interfaces.PluginSpecError` naming it if it implements nothing or
+    lacks a method it declares), and every stage reads ``capabilities`` afterwards."""
+
     name: str
-    plugin: object
+    plugin: Plugin
     weight: float = 1.0
     shadow: bool = False
+    capabilities: Capabilities = field(init=False, default=Capabilities.NONE)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "capabilities", check_plugin(self.name, self.plugin))
 
     @property
     def is_filter(self) -> bool:
-        return _flag(self.plugin, "is_filter", FilterPlugin)
+        return Capabilities.FILTER in self.capabilities
 
     @property
     def is_scorer(self) -> bool:
-        return _flag(self.plugin, "is_scorer", ScorePlugin)
+        return Capabilities.SCORE in self.capabilities
 
     @property
     def has_pre_request(self) -> bool:
-        return _flag(self.plugin, "has_pre_request", PreRequestPlugin)
+        return Capabilities.PRE_REQUEST in self.capabilities
 
     @property
     def has_post_response(self) -> bool:
-        return _flag(self.plugin, "has_post_response", PostResponsePlugin)
+        return Capabilities.POST_RESPONSE in self.capabilities
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,25 +1,27 @@
-"""The scheduler: runs one cycle per request through the extension points.
+"""The scheduler: runs one cycle per request through the extension points, one named
+method per stage (as the llm-d router's scheduler profile does):
 
-    host filters (fresh, serves-model, admission)
-      -> filter policies            a failing one is skipped (fail open)
-      -> scorers: total = Σ weight × clamp(score, 0, 1); a failing one is skipped
-      -> picker: primary + fallbacks
-      -> shadow scorers             (compared with the pick; never change it)
-      -> pre_request hooks          (live and shadow policies record the pick)
+    _filter      host filters (fresh, awake, serves-model, subset, admission), then
+                 filter policies: a failing one is skipped (fail open)
+    _score       total = Σ weight × clamp(score, 0, 1); a failing scorer is skipped
+    _pick        the picker: primary + fallbacks
+    _shadow      shadow scorers, compared with the pick; they never change it
+    _pre_request live and shadow policies record the pick
 
-``complete()`` later runs the post_response hooks. Everything here runs on the thread
+``complete()`` later runs ``_post_response``. Every plugin call goes through
+``_guarded`` (a :class:`PluginError` is counted, logged at most once per 10 s per
+policy, stage and kind, and the pick goes on without that policy); every stage of a
+successful pick is timed into ``Recorder.stages``. Decisions wait for their completion
+report in a :class:`~epick.scheduler.memory.DecisionMemory`. Everything here runs on the thread
 that owns the scheduler (the service's event-loop thread): no locks, and a policy set
 swap is one attribute assignment.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import os
-import random
 import time
-from collections import OrderedDict
+import weakref
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -28,11 +30,14 @@ import numpy as np
 
 from epick import abi
 from epick.abi import Criticality
+from epick.interfaces import Capabilities, Cycle, KvCounts, Picker, PluginError, PoolSnapshot
 from epick.ratelog import RateLimitedLog
+from epick.scheduler import explain as explain_view
 from epick.scheduler.assignments import Assignments
+from epick.scheduler.explain import CandidateScore
 from epick.scheduler.filters import AdmissionFilter, AwakeFilter, FreshFilter, ServesModelFilter
-from epick.scheduler.framework import Cycle, KvCounts, PluginError, PoolSnapshot
-from epick.scheduler.picker import MaxScorePicker, Picker
+from epick.scheduler.memory import DecisionMemory
+from epick.scheduler.pickers import MaxScorePicker
 from epick.scheduler.policyset import PolicySet
 
 __all__ = [
@@ -108,25 +113,6 @@ class _NullRecorder:
 
 
 @dataclass(slots=True)
-class CandidateScore:
-    """One endpoint's part in a decision (the ``explain`` view)."""
-
-    endpoint: str
-    total: float = 0.0
-    scores: dict[str, float] = field(default_factory=dict)
-    filtered_by: str = ""
-    rank: int = -1
-    shadow_scores: dict[str, float] = field(default_factory=dict)
-    in_flight: int = 0
-    picked_since_scrape: int = 0
-    reason: str = ""
-    """Why it is not a candidate, in words, beyond the filter's name (no metrics, stale)."""
-    prefix_blocks: int | None = None
-    prefix_matched: int | None = None
-    """KV blocks of the request / held per the endpoint's events (None = KV events off)."""
-
-
-@dataclass(slots=True)
 class Decision:
     decision_id: str
     endpoint: str
@@ -135,15 +121,6 @@ class Decision:
     explanation: list[CandidateScore] | None = None
     skipped: list[str] = field(default_factory=list)
     """``policy: reason`` for each policy that failed on this request."""
-
-
-@dataclass(slots=True)
-class _Pending:
-    request_id: str
-    model: str
-    adapter: str
-    endpoint: str
-    expires: float
 
 
 class Scheduler:
@@ -180,15 +157,10 @@ class Scheduler:
         self.admission = admission
         self.picker = picker or MaxScorePicker()
         self.recorder = recorder or _NullRecorder()
-        self.decision_ttl_s = decision_ttl_s
-        self.max_decisions = max_decisions
-        self._clock = clock
         self._wall_clock = wall_clock
         self.assignments = Assignments()
-        self._pending: OrderedDict[str, _Pending] = OrderedDict()
-        self._by_request: dict[str, str] = {}
-        self._ids = itertools.count(1)
-        self._boot = os.urandom(4).hex()
+        self.memory = DecisionMemory(ttl_s=decision_ttl_s, max_decisions=max_decisions,
+                                     clock=clock, on_expire=self.assignments.completed)
         self.pool_status: Callable[[], Sequence] | None = None
         """The pool's per-endpoint scrape status (``Pool.status``): lets an explanation
         show endpoints that are not in the snapshot, and why (only ``explain`` reads it)."""
@@ -200,6 +172,23 @@ class Scheduler:
         #: Where decisions and completions are recorded (``epick.decisions.DecisionLog``);
         #: ``None`` = not recorded. Its methods only enqueue: they never block a pick.
         self.decisions: DecisionSink | None = None
+        # [picks scored, picks agreeing] per shadow plugin: a new plugin (a new load of
+        # the policy) starts from zero, a dropped one is forgotten with it.
+        self._shadow_tally: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @property
+    def decision_ttl_s(self) -> float:
+        return self.memory.ttl_s
+
+    @property
+    def pending_decisions(self) -> int:
+        return len(self.memory)
+
+    def shadow_agreement(self, plugin: object) -> float:
+        """The share of picks on which shadow ``plugin`` would have picked the live
+        endpoint (0.0 before it has scored one)."""
+        calls, agree = self._shadow_tally.get(plugin, (0, 0))
+        return agree / calls if calls else 0.0
 
     # -- the cycle -----------------------------------------------------------------
 
@@ -225,85 +214,30 @@ class Scheduler:
                       now_ms=int(self._wall_clock() * 1000), kv=self.kv)
         sink = self.decisions
         endpoints = pool.snapshot.endpoints
-        candidates = tuple(range(len(endpoints)))
         why: dict[int, str] | None = {} if explain else None
-
-        if pin:
-            candidates = self._pinned(pool, cycle, pin)
-        else:
-            for f in self.host_filters:
-                candidates = self._run_filter(f.name, f.filter, cycle, candidates, why)
-            if subset is not None:
-                candidates = self._in_subset(pool, candidates, subset, request, why)
-            if not candidates:
-                raise Unavailable(self._unavailable_reason(pool, request) + self._scrape_errors())
-            candidates = self._run_filter(
-                self.admission.name, self.admission.filter, cycle, candidates, why
-            )
-        if not candidates:
-            raise Shed(
-                "SHEDDABLE request shed: every endpoint is over the admission thresholds "
-                f"(queue <= {self.admission.queue_threshold}, "
-                f"kv <= {self.admission.kv_threshold})"
-            )
-
         skipped: list[str] = []
-        for entry in () if pin else policies.filters:
-            try:
-                kept = entry.plugin.filter(cycle, candidates)
-            except PluginError as exc:
-                self._policy_failed(exc, skipped)
-                continue
-            if not kept:
-                if request.criticality == Criticality.CRITICAL:
-                    continue  # critical requests are never shed by a policy
-                raise Shed(f"policy {entry.name!r} filtered out every endpoint")
-            if why is not None:
-                kept_set = set(kept)
-                for i in candidates:
-                    if i not in kept_set:
-                        why[i] = entry.name
-            candidates = kept
 
+        candidates = self._filter(cycle, policies, why, skipped, subset=subset, pin=pin)
         t_filtered = perf()
-        totals = np.zeros(len(candidates))
-        per_policy: dict[str, np.ndarray] = {}
-        for entry in policies.scorers:
-            t0 = perf()
-            try:
-                scores = entry.plugin.score(cycle, candidates)
-            except PluginError as exc:
-                self._policy_failed(exc, skipped)
-                continue
-            self.recorder.policy_latency(entry.name, perf() - t0)
-            if not getattr(entry.plugin, "clamps_scores", False):
-                scores = np.clip(scores, 0.0, 1.0)
-            totals += entry.weight * scores
-            if explain or sink is not None:
-                per_policy[entry.name] = scores
-
+        totals, per_policy = self._score(cycle, policies, candidates, skipped,
+                                         keep=explain or sink is not None)
         t_scored = perf()
-        order = self.picker.pick(totals, 1 + self.fallbacks, request.seed)
+        order = self._pick(request, totals)
         picked = [candidates[o] for o in order]
         endpoint = endpoints[picked[0]].address
         t_picked = perf()
-
         # Shadows score before the hooks record this pick, so they judge the same state
         # the live policies did.
-        shadow_scores: dict[str, np.ndarray] = {}
-        if policies.shadows:
-            shadow_scores = self._run_shadows(policies, cycle, candidates, order[0])
-
-        for entry in policies.pre_request:
-            try:
-                entry.plugin.pre_request(cycle, endpoint)
-            except PluginError as exc:
-                self._policy_failed(exc, skipped)
-
+        shadow_scores = self._shadow(cycle, policies, candidates, order[0])
+        self._pre_request(cycle, policies, endpoint, skipped)
         self.recorder.stages(t_filtered - t_start, t_scored - t_filtered,
                              t_picked - t_scored, perf() - t_picked)
+
+        decision_id = self.memory.remember(request.request_id, request.model,
+                                           request.adapter, endpoint)
+        self.assignments.picked(endpoint)
         decision = Decision(
-            decision_id=self._remember(request, endpoint),
+            decision_id=decision_id,
             endpoint=endpoint,
             fallbacks=[endpoints[i].address for i in picked[1:]],
             snapshot_version=pool.version,
@@ -313,25 +247,8 @@ class Scheduler:
             sink.decision(decision, cycle, policies, candidates, per_policy, shadow_scores,
                           picked)
         if explain:
-            decision.explanation = self._explain(
-                endpoints, candidates, totals, per_policy, order, why or {}, shadow_scores
-            )
-            # as the policies saw them: before this pick was counted
-            in_flight, since = cycle.assigned(candidates)
-            seen = {endpoints[c].address: k for k, c in enumerate(candidates)}
-            for row in decision.explanation:
-                k = seen.get(row.endpoint)
-                if k is None:
-                    row.in_flight = self.assignments.in_flight(row.endpoint)
-                    row.picked_since_scrape = self.assignments.picked_since_scrape(row.endpoint)
-                else:
-                    row.in_flight = in_flight[k] if in_flight else 0
-                    row.picked_since_scrape = since[k] if since else 0
-                    if cycle.kv is not None:
-                        blocks, matched = cycle.kv_counts(candidates)
-                        row.prefix_blocks, row.prefix_matched = blocks[k], matched[k]
-            if self.pool_status is not None:
-                _add_scrape_reasons(decision.explanation, self.pool_status())
+            decision.explanation = self._explain(cycle, candidates, totals, per_policy,
+                                                 order, why or {}, shadow_scores)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "decision %s request=%s model=%s adapter=%s -> %s fallbacks=%s snapshot=%d",
@@ -339,6 +256,116 @@ class Scheduler:
                 endpoint, decision.fallbacks, pool.version,
             )
         return decision
+
+    # -- the stages, in order ------------------------------------------------------------
+
+    def _filter(self, cycle: Cycle, policies: PolicySet, why: dict[int, str] | None,
+                skipped: list[str], *, subset: Collection[str] | None,
+                pin: str) -> tuple[int, ...]:
+        """Host filters, the subset hint, admission, then filter policies: the candidates.
+
+        Raises :class:`Unavailable` when no endpoint can serve the request and
+        :class:`Shed` when admission or a policy leaves none for a request that may be
+        shed. A pinned endpoint passes the host filters only.
+        """
+        pool, request = cycle.pool, cycle.request
+        if pin:
+            return self._pinned(pool, cycle, pin)
+        candidates = tuple(range(len(pool.snapshot.endpoints)))
+        for f in self.host_filters:
+            candidates = _apply(f.name, f.filter(cycle, candidates), candidates, why)
+        if subset is not None:
+            candidates = self._in_subset(pool, candidates, subset, request, why)
+        if not candidates:
+            status = self.pool_status() if self.pool_status is not None else None
+            raise Unavailable(explain_view.unavailable_reason(pool, request)
+                              + explain_view.scrape_errors(status))
+        candidates = _apply(self.admission.name, self.admission.filter(cycle, candidates),
+                            candidates, why)
+        if not candidates:
+            raise Shed(
+                "SHEDDABLE request shed: every endpoint is over the admission thresholds "
+                f"(queue <= {self.admission.queue_threshold}, "
+                f"kv <= {self.admission.kv_threshold})"
+            )
+        for entry in policies.filters:
+            kept = self._guarded(entry, "filter", skipped, entry.plugin.filter, cycle,
+                                 candidates)
+            if kept is _FAILED:
+                continue
+            if not kept:
+                if request.criticality == Criticality.CRITICAL:
+                    continue  # critical requests are never shed by a policy
+                raise Shed(f"policy {entry.name!r} filtered out every endpoint")
+            candidates = _apply(entry.name, kept, candidates, why)
+        return candidates
+
+    def _score(self, cycle: Cycle, policies: PolicySet, candidates: tuple[int, ...],
+               skipped: list[str], *, keep: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The weighted totals, and each scorer's scores when ``keep`` (explain, log)."""
+        totals = np.zeros(len(candidates))
+        per_policy: dict[str, np.ndarray] = {}
+        perf = time.perf_counter
+        for entry in policies.scorers:
+            t0 = perf()
+            scores = self._guarded(entry, "score", skipped, entry.plugin.score, cycle,
+                                   candidates)
+            if scores is _FAILED:
+                continue
+            self.recorder.policy_latency(entry.name, perf() - t0)
+            if Capabilities.SCORES_IN_RANGE not in entry.capabilities:
+                scores = np.clip(scores, 0.0, 1.0)
+            totals += entry.weight * scores
+            if keep:
+                per_policy[entry.name] = scores
+        return totals, per_policy
+
+    def _pick(self, request: abi.Request, totals: np.ndarray) -> list[int]:
+        """Positions into the candidates: the primary, then the fallbacks."""
+        return self.picker.pick(totals, 1 + self.fallbacks, request.seed)
+
+    def _shadow(self, cycle: Cycle, policies: PolicySet, candidates: tuple[int, ...],
+                live_pos: int) -> dict[str, np.ndarray]:
+        """Each shadow scorer's scores, and whether it would have picked the same."""
+        out: dict[str, np.ndarray] = {}
+        for entry in policies.shadows:
+            scores = self._guarded(entry, "score", None, entry.plugin.score, cycle,
+                                   candidates)
+            if scores is _FAILED:
+                continue
+            scores = np.clip(scores, 0.0, 1.0)
+            best = int(np.argmax(scores))
+            agree = bool(scores[live_pos] >= scores[best])
+            tally = self._shadow_tally.setdefault(entry.plugin, [0, 0])
+            tally[0] += 1
+            tally[1] += agree
+            self.recorder.shadow(entry.name, agree, float(scores[best] - scores[live_pos]))
+            out[entry.name] = scores
+        return out
+
+    def _pre_request(self, cycle: Cycle, policies: PolicySet, endpoint: str,
+                     skipped: list[str]) -> None:
+        for entry in policies.pre_request:
+            self._guarded(entry, "pre_request", skipped, entry.plugin.pre_request, cycle,
+                          endpoint)
+
+    def _post_response(self, policies: PolicySet, event: abi.PostResponseEvent) -> None:
+        for entry in policies.post_response:
+            self._guarded(entry, "post_response", None, entry.plugin.post_response, event)
+
+    def _guarded(self, entry, stage: str, skipped: list[str] | None, call, *args):
+        """``call(*args)``, or :data:`_FAILED` when the plugin raised :class:`PluginError`
+        (counted, logged rate-limited, and listed in ``skipped`` for live policies)."""
+        try:
+            return call(*args)
+        except PluginError as exc:
+            if skipped is not None:
+                skipped.append(f"{exc.plugin}: {exc.kind}: {exc.reason}")
+            self.recorder.policy_error(exc)
+            self._rlog.warning((exc.plugin, exc.stage, exc.kind), "%s", exc)
+            return _FAILED
+
+    # -- helpers of the filter stage ----------------------------------------------------
 
     def _pinned(self, pool: PoolSnapshot, cycle: Cycle, pin: str) -> tuple[int, ...]:
         index = next((i for i, e in enumerate(pool.snapshot.endpoints) if e.address == pin),
@@ -371,98 +398,30 @@ class Scheduler:
                               f"serves {what}")
         return kept
 
-    def _run_filter(self, name, fn, cycle, candidates, why):
-        kept = fn(cycle, candidates)
-        if why is not None and len(kept) != len(candidates):
-            kept_set = set(kept)
-            for i in candidates:
-                if i not in kept_set:
-                    why[i] = name
-        return kept
-
-    def _policy_failed(self, exc: PluginError, skipped: list[str]) -> None:
-        skipped.append(f"{exc.plugin}: {exc.kind}: {exc.reason}")
-        self.recorder.policy_error(exc)
-        self._rlog.warning((exc.plugin, exc.stage, exc.kind), "%s", exc)
-
-    def _run_shadows(self, policies, cycle, candidates, live_pos) -> dict[str, np.ndarray]:
-        out = {}
-        for entry in policies.shadows:
-            try:
-                scores = np.clip(entry.plugin.score(cycle, candidates), 0.0, 1.0)
-            except PluginError as exc:
-                self.recorder.policy_error(exc)
-                continue
-            best = int(np.argmax(scores))
-            agree = bool(scores[live_pos] >= scores[best])
-            self.recorder.shadow(entry.name, agree, float(scores[best] - scores[live_pos]))
-            out[entry.name] = scores
-        return out
-
-    def _scrape_errors(self, limit: int = 3) -> str:
-        """The pool's latest scrape errors, for an UNAVAILABLE answer: '' when none."""
-        if self.pool_status is None:
-            return ""
-        errors = [f"{st.address}: {st.last_error}" for st in self.pool_status()
-                  if st.last_error and not st.fresh]
-        if not errors:
-            return ""
-        more = f"; and {len(errors) - limit} more" if len(errors) > limit else ""
-        return f" (last scrape errors: {'; '.join(errors[:limit])}{more})"
-
-    @staticmethod
-    def _unavailable_reason(pool: PoolSnapshot, request: abi.Request) -> str:
-        if not pool.snapshot.endpoints:
-            return "no endpoint has reported metrics yet"
-        if not any(i.fresh for i in pool.info):
-            return "no endpoint has fresh metrics (all stale)"
-        live = [i for i in pool.info if i.fresh and not i.sleeping]
-        if not live:
-            return "every endpoint with fresh metrics is asleep"
-        what = f"model {request.model!r}"
-        if request.adapter:
-            what += f" with adapter {request.adapter!r}"
-        return f"no fresh endpoint serves {what}; {_served(live)}"
-
-    @staticmethod
-    def _explain(endpoints, candidates, totals, per_policy, order, why,
+    def _explain(self, cycle, candidates, totals, per_policy, order, why,
                  shadow_scores) -> list[CandidateScore]:
-        pos_of = {c: p for p, c in enumerate(candidates)}
-        rank_of = {o: r for r, o in enumerate(order)}
-        out = []
-        for i, ep in enumerate(endpoints):
-            row = CandidateScore(endpoint=ep.address, filtered_by=why.get(i, ""))
-            p = pos_of.get(i)
-            if p is not None:
-                row.total = float(totals[p])
-                row.scores = {name: float(s[p]) for name, s in per_policy.items()}
-                row.shadow_scores = {name: float(s[p]) for name, s in shadow_scores.items()}
-                row.rank = rank_of.get(p, -1)
-            out.append(row)
-        return out
+        endpoints = cycle.pool.snapshot.endpoints
+        rows = explain_view.explain(endpoints, candidates, totals, per_policy, order, why,
+                                    shadow_scores)
+        # as the policies saw them: before this pick was counted
+        in_flight, since = cycle.assigned(candidates)
+        blocks, matched = cycle.kv_counts(candidates) if cycle.kv is not None else ((), ())
+        seen = {endpoints[c].address: k for k, c in enumerate(candidates)}
+        for row in rows:
+            k = seen.get(row.endpoint)
+            if k is None:
+                row.in_flight = self.assignments.in_flight(row.endpoint)
+                row.picked_since_scrape = self.assignments.picked_since_scrape(row.endpoint)
+            else:
+                row.in_flight = in_flight[k] if in_flight else 0
+                row.picked_since_scrape = since[k] if since else 0
+                if blocks:
+                    row.prefix_blocks, row.prefix_matched = blocks[k], matched[k]
+        if self.pool_status is not None:
+            explain_view.add_scrape_reasons(rows, self.pool_status())
+        return rows
 
     # -- completions -----------------------------------------------------------------
-
-    def _remember(self, request: abi.Request, endpoint: str) -> str:
-        now = self._clock()
-        pending = self._pending
-        while pending:
-            oldest_id, oldest = next(iter(pending.items()))
-            if oldest.expires > now and len(pending) < self.max_decisions:
-                break
-            pending.popitem(last=False)
-            self.assignments.completed(oldest.endpoint)  # expired unreported
-            if oldest.request_id and self._by_request.get(oldest.request_id) == oldest_id:
-                del self._by_request[oldest.request_id]
-        self.assignments.picked(endpoint)
-        decision_id = f"{self._boot}-{next(self._ids):x}"
-        pending[decision_id] = _Pending(
-            request.request_id, request.model, request.adapter, endpoint,
-            now + self.decision_ttl_s,
-        )
-        if request.request_id:
-            self._by_request[request.request_id] = decision_id
-        return decision_id
 
     def complete(
         self,
@@ -478,76 +437,43 @@ class Scheduler:
         """Run the post_response hooks for a finished request; False if the id is unknown.
 
         Idempotent: a second report for the same decision is unknown and does nothing.
-        Token counts and TTFT (what the gateway read from the answer) go to the recorder
-        and the decision log.
+        What the gateway reports goes where it is true: token counts and TTFT to the
+        recorder and the decision log, the endpoint that served (a fallback, if it failed
+        over; empty when it did not say) to the decision log. The hooks' event and the
+        in-flight count name the endpoint that was picked: the one whose history
+        (pre_request) and count the pick raised, so a fail-over cannot leave them raised.
         """
-        if not decision_id and request_id:
-            decision_id = self._by_request.get(request_id, "")
-        rec = self._pending.pop(decision_id, None) if decision_id else None
-        if rec is None:
+        found = self.memory.take(decision_id, request_id)
+        if found is None:
             return False
-        if rec.request_id and self._by_request.get(rec.request_id) == decision_id:
-            del self._by_request[rec.request_id]
-        self.assignments.completed(rec.endpoint)  # the one whose count the pick raised
+        decision_id, rec = found
+        self.assignments.completed(rec.endpoint)
         event = abi.PostResponseEvent(
             request_id=rec.request_id,
             adapter=rec.adapter,
-            # The endpoint that picked up the request's history is the one we chose;
-            # a gateway that failed over reports the fallback it used.
             endpoint=rec.endpoint,
             status=int(status),
             timestamp_ms=int(self._wall_clock() * 1000),
             model=rec.model,
         )
-        for entry in self.policies.post_response:
-            try:
-                entry.plugin.post_response(event)
-            except PluginError as exc:
-                self.recorder.policy_error(exc)
-                self._rlog.warning((exc.plugin, exc.stage, exc.kind), "%s", exc)
+        self._post_response(self.policies, event)
         self.recorder.completion(int(status), prompt_tokens, completion_tokens, ttft_s)
         if self.decisions is not None:
             self.decisions.completion(decision_id, event, endpoint, prompt_tokens,
                                       completion_tokens, ttft_s)
         return True
 
-    @property
-    def pending_decisions(self) -> int:
-        return len(self._pending)
+
+#: What :meth:`Scheduler._guarded` returns for a plugin call that failed.
+_FAILED = object()
 
 
-def _add_scrape_reasons(rows: list[CandidateScore], status: Sequence) -> None:
-    """Rows for configured endpoints the snapshot lacks (never scraped successfully), and
-    the scrape's story for stale ones: an endpoint never silently vanishes from a view."""
-    by_address = {row.endpoint: row for row in rows}
-    for st in status:
-        row = by_address.get(st.address)
-        error = f"; last error: {st.last_error}" if st.last_error else ""
-        if row is None:
-            rows.append(CandidateScore(
-                endpoint=st.address, filtered_by="no-metrics",
-                reason=(f"no good scrape of {st.url} yet{error}" if st.last_error
-                        else f"not scraped yet ({st.url})"),
-            ))
-        elif row.filtered_by == FreshFilter.name and st.last_success_age_ms is not None:
-            row.reason = (f"metrics are stale: the last good scrape of {st.url} was "
-                          f"{st.last_success_age_ms / 1000:.1f} s ago{error}")
-
-
-def random_seed() -> int:
-    """A fresh u64 seed for a request that brought none."""
-    return random.getrandbits(64)
-
-
-def _served(live) -> str:
-    """What the fresh, awake endpoints serve, for an UNAVAILABLE message."""
-
-    def names(sets) -> str:
-        known = sorted(set().union(*(x for x in sets if x is not None)))
-        text = ", ".join(known) if known else "(none)"
-        if any(x is None for x in sets):
-            text += " (and endpoints that do not say)"
-        return text
-
-    return (f"the fleet serves models: {names([i.models for i in live])}; "
-            f"adapters: {names([i.adapters for i in live])}")
+def _apply(name: str, kept: tuple[int, ...], candidates: tuple[int, ...],
+           why: dict[int, str] | None) -> tuple[int, ...]:
+    """``kept``, noting in ``why`` (explain only) which filter dropped the others."""
+    if why is not None and len(kept) != len(candidates):
+        kept_set = set(kept)
+        for i in candidates:
+            if i not in kept_set:
+                why[i] = name
+    return kept

@@ -49,7 +49,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epick.api.ext_proc_envoy import EXAMPLE, Envoy, render
+from epick.bench.envoy import EXAMPLE, Envoy, render
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable

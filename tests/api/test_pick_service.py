@@ -11,6 +11,7 @@ from fakes import vllm_page
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epick.api.gen.epick.v1 import picker_pb2 as pb
+from epick.api.picker import InvalidArgument, to_request
 
 
 def wait_for(predicate, timeout=5.0, step=0.02):
@@ -106,21 +107,40 @@ def test_no_fresh_endpoint_is_unavailable_and_health_goes_not_serving(fake_vllm,
                              "(2), SHEDDABLE (3)"),
         ({"request_id": "r" * 257}, "PickRequest.request_id is 257 characters long"),
         ({"cache_salt": "s" * 257}, "PickRequest.cache_salt is 257 characters long"),
-        ({"prompt": "p" * (4 << 20 + 1)}, "PickRequest.prompt is"),
+        # one byte over 4 MiB (the old case wrote 4 << 20 + 1, which is 8 MiB)
+        ({"prompt": "p" * ((4 << 20) + 1)},
+         "PickRequest.prompt is 4194305 bytes; the limit is 4194304"),
+        # counted in UTF-8 bytes, not characters: 2 MiB + 1 two-byte characters
+        ({"prompt": "é" * ((2 << 20) + 1)},
+         "PickRequest.prompt is 4194306 bytes; the limit is 4194304"),
         ({"headers": {f"h{i}": "v" for i in range(200)}},
          "PickRequest.headers has 200 entries; the limit is 128"),
         ({"model": "m\x00x"}, "PickRequest.model 'm\\x00x' contains control characters"),
         ({"cache_salt": "a\x00b"}, "PickRequest.cache_salt contains a NUL character"),
     ],
     ids=["no-model", "comma", "long-adapter", "whitespace", "criticality", "long-id",
-         "long-salt", "huge-prompt", "many-headers", "control-char", "nul-salt"],
+         "long-salt", "prompt-one-byte-over", "prompt-counted-in-bytes", "many-headers",
+         "control-char", "nul-salt"],
 )
-def test_malformed_requests_are_invalid_argument_naming_the_field(fake_vllm, serve, fields,
-                                                                 message):
+def test_malformed_requests_are_refused_naming_the_field(fields, message):
+    # the validation is a pure function: tested at its seam, no service booted per case
+    with pytest.raises(InvalidArgument) as err:
+        to_request(pb.PickRequest(**{"model": "m", **fields}))
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("prompt", ["p" * (4 << 20), "é" * (2 << 20)],
+                         ids=["ascii", "two-byte"])
+def test_a_prompt_of_exactly_4_mib_is_accepted(prompt):
+    assert to_request(pb.PickRequest(model="m", prompt=prompt)).prompt == prompt
+
+
+def test_a_malformed_request_is_invalid_argument_over_grpc(fake_vllm, serve):
     svc = serve([fake_vllm(vllm_page()).address], policies=("load",))
-    code, details = code_of(lambda: pick(svc, **fields))
+    code, details = code_of(lambda: pick(svc, prompt="p" * ((4 << 20) + 1)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
-    assert message in details
+    assert details == "PickRequest.prompt is 4194305 bytes; the limit is 4194304"
+    assert pick(svc, prompt="p" * (4 << 20)).endpoint  # the boundary itself is served
 
 
 def test_report_completion_acknowledges_known_and_unknown_ids(fake_vllm, serve):

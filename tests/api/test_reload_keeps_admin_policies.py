@@ -18,7 +18,7 @@ LORA = resolve_module("lora-affinity").read_bytes()
 LOAD = resolve_module("load").read_bytes()
 
 
-def wait_for(predicate, timeout=10.0):
+def wait_for(predicate, timeout=60.0):  # generous: a reload vets modules on a busy machine
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -10,9 +10,9 @@ import pytest
 from epick import abi
 from epick.bench import quality
 from epick.bench.kvsim import SimKvCounts, windowed_hit_rates
+from epick.interfaces import Capabilities, Cycle, PoolSnapshot
 from epick.kv.events import KVEventBatch
 from epick.kv.hashing import BlockHasher
-from epick.scheduler.framework import Cycle, PoolSnapshot
 from epick.sim.config import DEFAULT_CONFIG
 from epick.sim.replica import Replica
 from epick.sim.results import RequestRecord
@@ -47,10 +47,7 @@ class Recorder:
     """A score plugin that keeps the ScoreInput it was given."""
 
     name = "rec"
-    is_scorer = True
-    is_filter = False
-    has_pre_request = False
-    has_post_response = False
+    capabilities = Capabilities.SCORE
 
     def __init__(self):
         self.seen: list[abi.ScoreInput] = []

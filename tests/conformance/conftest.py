@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import pytest
 
-from epick.policies_build import POLICIES_DIR
+from epick.config import BUILTIN_POLICY_DIR
 from epick.runtime import Limits, Runtime
 
-DIST = POLICIES_DIR / "dist"
+DIST = BUILTIN_POLICY_DIR
 
 
 @pytest.fixture(scope="session")

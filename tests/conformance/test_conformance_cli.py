@@ -6,10 +6,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from epick.config import BUILTIN_POLICY_DIR
 from epick.conformance.cli import main
-from epick.policies_build import POLICIES_DIR
 
-LOAD = str(POLICIES_DIR / "dist" / "load.wasm")
+LOAD = str(BUILTIN_POLICY_DIR / "load.wasm")
 
 MINE = """
 kind = "custom"

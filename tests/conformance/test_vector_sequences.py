@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
+from epick.config import BUILTIN_POLICY_DIR
 from epick.conformance import check, vectors
 from epick.conformance.cli import main
 from epick.conformance.runner import run_case
 from epick.conformance.vectors import VectorError
-from epick.policies_build import POLICIES_DIR
 
-LORA = str(POLICIES_DIR / "dist" / "lora-affinity.wasm")
-LOAD = str(POLICIES_DIR / "dist" / "load.wasm")
+LORA = str(BUILTIN_POLICY_DIR / "lora-affinity.wasm")
+LOAD = str(BUILTIN_POLICY_DIR / "load.wasm")
 
 POOL = """snapshot.timestamp_ms = 1000
 snapshot.endpoints = [

@@ -7,8 +7,8 @@ import random
 from epick import abi
 from epick.config import resolve_module
 from epick.decisions import features
+from epick.interfaces import Cycle, PoolSnapshot
 from epick.runtime import WasmPolicy
-from epick.scheduler.framework import Cycle, PoolSnapshot
 
 
 def test_the_prefix_policy_scores_stand_ins_as_it_scored_the_real_prompts(runtime):

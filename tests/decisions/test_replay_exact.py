@@ -113,8 +113,8 @@ def test_a_policy_that_failed_live_fails_there_again_in_the_replay(tmp_path, run
     from epick.bench.quality import EpickRouter, wasm_set
     from epick.decisions import DecisionLog
     from epick.decisions.writer import _FRAME
+    from epick.interfaces import PluginError
     from epick.runtime import WasmPolicy
-    from epick.scheduler.framework import PluginError
     from epick.scheduler.policyset import PolicyEntry, PolicySet
     from epick.sim.config import DEFAULT_CONFIG
     from epick.sim.fleet import Fleet

@@ -12,8 +12,8 @@ import pytest
 
 from epick import abi, telemetry
 from epick.decisions import DecisionLog, read_file, replay, schema, segments
+from epick.interfaces import PoolSnapshot
 from epick.runtime import WasmPolicy
-from epick.scheduler.framework import PoolSnapshot
 from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler
 

@@ -26,7 +26,7 @@ from epick_service import running
 from replica import Replica
 
 from epick import config as cfg
-from epick.api.ext_proc_envoy import EXAMPLES, Envoy, EnvoyError, find_envoy, render
+from epick.bench.envoy import EXAMPLES, Envoy, EnvoyError, find_envoy, render
 
 BASE_MODEL = "base"
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from fakes import vllm_page
 
-from epick.api.ext_proc_envoy import EXAMPLES, find_envoy
+from epick.bench.envoy import EXAMPLES, find_envoy
 
 BUSY = vllm_page(waiting=40, running=20, kv=0.95)
 IDLE = vllm_page(waiting=0, running=0, kv=0.05)
@@ -98,9 +98,12 @@ def test_completion_is_reported_when_the_response_ends(stack):
     (b'["base"]', {}, "malformed request: the body must be a JSON object"),
     (b'{"model": "base", "prompt": 7}', {},
      "malformed request: body.prompt must be a string or a list of strings"),
+    (b'{"model": "base", "prompt": ["a", 1]}', {},
+     "malformed request: body.prompt must be a string or a list of strings"),
     (b'{"model": "base"}', {"x-criticality": "urgent"},
      "malformed request: x-criticality 'urgent' is not critical, standard or sheddable"),
-], ids=["not-json", "no-model", "not-an-object", "prompt-not-text", "bad-criticality"])
+], ids=["not-json", "no-model", "not-an-object", "prompt-not-text", "prompt-list-with-a-number",
+        "bad-criticality"])
 def test_a_malformed_request_is_a_400_with_a_json_error(stack, body, headers, message):
     client, _svc, busy, idle = stack
     resp = client.post("/v1/completions", content=body,

@@ -483,7 +483,7 @@ def test_the_example_epick_config_matches_the_example_envoy_configs():
     import re
 
     from epick import config as cfg
-    from epick.api.ext_proc_envoy import EXAMPLE, EXAMPLES
+    from epick.bench.envoy import EXAMPLE, EXAMPLES
 
     conf = cfg.load(EXAMPLE.parent / "epick.toml")
     assert conf.ext_proc.listen == "127.0.0.1:9004"

@@ -132,7 +132,10 @@ def test_an_adapter_request_sticks_to_the_replica_that_has_it(world):
     (b"[]", "the body must be a JSON object"),
     (b'{"prompt": "x"}', "body.model must be a non-empty string"),
     (b'{"model": "sim-base", "messages": "hi"}', "body.messages must be a list"),
-], ids=["not-json", "array", "no-model", "bad-messages"])
+    # refused, never silently dropped: the same rule as the ext_proc adapter
+    (b'{"model": "sim-base", "prompt": ["a", 1]}',
+     "body.prompt must be a string or a list of strings"),
+], ids=["not-json", "array", "no-model", "bad-messages", "prompt-list-with-a-number"])
 def test_malformed_bodies_are_400_with_a_json_error(world, body, message):
     _, _, url = world
     path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"

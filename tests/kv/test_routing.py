@@ -15,13 +15,13 @@ from vllm_publisher import Publisher
 from epick import abi
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 from epick.config import ConfigError, loads
+from epick.interfaces import Cycle, PoolSnapshot
 from epick.kv.events import BlockStored, KVEventBatch, decode_batch, encode_batch
 from epick.kv.hashing import BlockHasher
 from epick.kv.index import KvIndex
 from epick.kv.routing import KvRouting
 from epick.kv.service import KvEvents
 from epick.kv.tokenize import BytesTokenizer, HfTokenizer
-from epick.scheduler.framework import Cycle, PoolSnapshot
 
 FIX = pathlib.Path(__file__).parent / "fixtures"
 CAP = json.loads((FIX / "vllm_events.json").read_text())

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
+from epick.config import BUILTIN_POLICY_DIR
 from epick.runtime import Limits, Runtime
 
-DIST = Path(__file__).resolve().parents[2] / "policies" / "dist"
+DIST = BUILTIN_POLICY_DIR
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,9 @@ import pytest
 import wasmtime
 
 from epick import policies_build
+from epick.config import BUILTIN_POLICY_DIR
 
-DIST = policies_build.POLICIES_DIR / "dist"
+DIST = BUILTIN_POLICY_DIR
 NAMES = [p.name for p in policies_build.discover()]
 
 ABI_REQUIRED = {"memory", "epick_abi_version", "alloc", "error_ptr", "error_len", "init"}

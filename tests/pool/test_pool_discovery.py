@@ -13,10 +13,10 @@ import pytest
 from fakes import FakeClock
 
 from epick import abi
+from epick.interfaces import Cycle
 from epick.pool import EndpointSpec, Pool
 from epick.pool.pool import SCRAPE_IN
 from epick.scheduler.filters import AwakeFilter, ServesModelFilter
-from epick.scheduler.framework import Cycle
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

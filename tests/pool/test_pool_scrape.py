@@ -125,12 +125,15 @@ async def test_first_round_waits_for_a_hung_endpoint_only_as_long_as_the_timeout
 
 async def test_a_hung_endpoint_does_not_hold_up_the_others(fake_vllm, fake_clock):
     good, slow = fake_vllm(vllm_page(waiting=1)), fake_vllm()
-    pool = make_pool([good, slow], fake_clock, timeout_ms=5000)
+    pool = make_pool([good, slow], fake_clock, timeout_ms=30_000)
     async with running(pool):
         slow.hang = True
-        await hits_grow_by(slow, 1)  # a fetch of `slow` is now stuck for up to 5 s
+        await hits_grow_by(slow, 1)  # a fetch of `slow` is now stuck for up to 30 s
         good.page = vllm_page(waiting=7)
-        await eventually(lambda: metrics_of(pool, good)[0].waiting == 7, timeout=1.0)
+        await eventually(lambda: metrics_of(pool, good)[0].waiting == 7, timeout=20.0)
+        # good's new page arrived while slow's fetch was still stuck, not after it
+        assert status_of(pool, slow).failures == 0 and slow.hang
+        slow.hang = False
 
 
 # --- rebuilds -----------------------------------------------------------------------

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from epick import abi
+from epick.config import BUILTIN_POLICY_DIR
+from epick.interfaces import Capabilities, Cycle, PoolSnapshot
 from epick.runtime import WasmPolicy
 from epick.runtime.validate import synthetic_snapshot
-from epick.scheduler.framework import Cycle, PoolSnapshot
 
-DIST = Path(__file__).resolve().parents[2] / "policies" / "dist"
+DIST = BUILTIN_POLICY_DIR
 BUILT = sorted(DIST.glob("*.wasm"))
 
 
@@ -23,24 +22,24 @@ def test_a_built_policy_serves_a_full_cycle(runtime, path):
     request = abi.Request(request_id="r1", model="base-model", adapter="chat-lora", prompt="p" * 200)
     cycle = Cycle(pool=pool, request=request)
     candidates = tuple(range(64))
-    if plugin.is_filter:
+    if Capabilities.FILTER in plugin.capabilities:
         kept = plugin.filter(cycle, candidates)
         assert set(kept) <= set(candidates)
-    if plugin.is_scorer:
+    if Capabilities.SCORE in plugin.capabilities:
         scores = plugin.score(cycle, candidates)
         assert scores.shape == (64,) and np.isfinite(scores).all()
         assert ((0 <= scores) & (scores <= 1)).all()
-    if plugin.has_pre_request:
+    if Capabilities.PRE_REQUEST in plugin.capabilities:
         plugin.pre_request(cycle, pool.snapshot.endpoints[3].address)
-    if plugin.has_post_response:
+    if Capabilities.POST_RESPONSE in plugin.capabilities:
         plugin.post_response(
             abi.PostResponseEvent(request_id="r1", adapter="chat-lora",
                                   endpoint=pool.snapshot.endpoints[3].address, model="base-model")
         )
-    if plugin.has_state:
+    if Capabilities.STATE in plugin.capabilities:
         twin = WasmPolicy(plugin.module, {})
         twin.import_state(plugin.export_state())
-        if plugin.is_scorer:
+        if Capabilities.SCORE in plugin.capabilities:
             assert twin.score(cycle, candidates).tolist() == plugin.score(cycle, candidates).tolist()
     assert plugin.stats.errors == 0
     assert plugin.describe().name

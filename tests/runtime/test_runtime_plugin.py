@@ -12,8 +12,8 @@ import wasmtime
 from wat_modules import snapshot, wasm, wat_source
 
 from epick import abi
-from epick.runtime import Limits, PolicyError, Runtime, WasmPolicy
-from epick.scheduler.framework import (
+from epick.interfaces import (
+    Capabilities,
     Cycle,
     FilterPlugin,
     PluginError,
@@ -22,6 +22,7 @@ from epick.scheduler.framework import (
     PreRequestPlugin,
     ScorePlugin,
 )
+from epick.runtime import Limits, PolicyError, Runtime, WasmPolicy
 
 LONG = "x" * 5000  # counter.wat's pre_request traps on inputs over 4000 bytes
 
@@ -49,10 +50,10 @@ def policy(runtime, fake_clock):
 
 def test_capabilities_follow_the_modules_exports(policy):
     scorer, filt = policy("counter"), policy("keep_even")
-    assert (scorer.is_scorer, scorer.is_filter, scorer.has_pre_request, scorer.has_post_response,
-            scorer.has_state) == (True, False, True, True, True)
-    assert (filt.is_scorer, filt.is_filter, filt.has_pre_request, filt.has_post_response,
-            filt.has_state) == (False, True, False, False, False)
+    assert scorer.capabilities == (Capabilities.SCORE | Capabilities.SCORES_IN_RANGE
+                                   | Capabilities.PRE_REQUEST | Capabilities.POST_RESPONSE
+                                   | Capabilities.STATE)
+    assert filt.capabilities == Capabilities.FILTER
     assert isinstance(scorer, (ScorePlugin, FilterPlugin, PreRequestPlugin, PostResponsePlugin))
 
 

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import wasmtime
 from wat_modules import wasm, wat_source
 
+from epick.config import BUILTIN_POLICY_DIR
 from epick.runtime import Limits, PolicyLoadError, Runtime, validate
-from epick.runtime.validate import synthetic_snapshot
+from epick.runtime.validate import FUEL_HEADROOM, synthetic_snapshot
 
-DIST = Path(__file__).resolve().parents[2] / "policies" / "dist"
+DIST = BUILTIN_POLICY_DIR
 
 
 @pytest.mark.parametrize("name", ["counter", "keep_even"])
 def test_well_behaved_modules_pass(load, name):
-    validate(load(name), {})
+    fuel = validate(load(name), {})
+    # the smoke run called the request-path exports and metered each one
+    assert fuel and all(used > 0 for used in fuel.values()), fuel
 
 
 def test_nan_scores_fail_validation(load):
@@ -102,4 +103,8 @@ def test_synthetic_snapshots_are_deterministic_and_varied():
 
 @pytest.mark.parametrize("path", sorted(DIST.glob("*.wasm")), ids=lambda p: p.stem)
 def test_the_built_policies_pass_validation(runtime, path):
-    validate(runtime.compile(path.read_bytes(), name=path.stem), {})
+    mod = runtime.compile(path.read_bytes(), name=path.stem)
+    fuel = validate(mod, {})
+    assert {"score", "filter"} & set(fuel) and all(used > 0 for used in fuel.values()), fuel
+    budget = runtime.limits.fuel
+    assert max(fuel.values()) * FUEL_HEADROOM <= budget  # the headroom validate demands

@@ -6,7 +6,7 @@ import msgspec
 
 from epick import abi
 from epick.bench.pypolicies import PyLoad
-from epick.scheduler.framework import PoolSnapshot
+from epick.interfaces import PoolSnapshot
 from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler
 
@@ -59,7 +59,7 @@ def test_policies_receive_the_counts_parallel_to_the_candidates():
     s = Scheduler(lambda: p, PolicySet.of(PolicyEntry("load", PyLoad())))
     s.assignments.picked("e1:8000")
     s.assignments.picked("e1:8000")
-    from epick.scheduler.framework import Cycle
+    from epick.interfaces import Cycle
 
     cycle = Cycle(pool=p, request=abi.Request(model="m"), assignments=s.assignments)
     decoded = msgspec.msgpack.decode(cycle.score_input((1, 0), inline_snapshot=False))

@@ -8,9 +8,9 @@ import pytest
 from epick import abi
 from epick.abi import Criticality
 from epick.bench.pypolicies import PyLoad, PyLoraAffinity, PyPrefixCache
+from epick.interfaces import Capabilities, EndpointInfo, PluginError, PoolSnapshot
 from epick.scheduler.filters import AdmissionFilter
-from epick.scheduler.framework import EndpointInfo, PluginError, PoolSnapshot
-from epick.scheduler.picker import MaxScorePicker, WeightedRandomPicker
+from epick.scheduler.pickers import MaxScorePicker, WeightedRandomPicker
 from epick.scheduler.policyset import DuplicatePolicyError, PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler, Shed, Unavailable
 
@@ -38,10 +38,7 @@ class Boom:
     """A scorer that always fails, like a trapping WASM module."""
 
     name = "boom"
-    is_filter = False
-    is_scorer = True
-    has_pre_request = False
-    has_post_response = False
+    capabilities = Capabilities.SCORE
 
     def score(self, cycle, candidates):
         raise PluginError("boom", "score", "trap", "unreachable executed")
@@ -62,6 +59,9 @@ class Recorder:
 
     def shadow(self, policy, agree, delta):
         self.shadows.append((policy, agree, delta))
+
+    def completion(self, status, prompt_tokens, completion_tokens, ttft_s):
+        pass
 
 
 def test_queue_10_5_0_picks_the_idle_endpoint_and_orders_fallbacks():
@@ -267,3 +267,89 @@ def test_weighted_random_follows_the_totals():
     totals = np.array([3.0, 1.0])
     firsts = [WeightedRandomPicker().pick(totals, 1, s)[0] for s in range(2000)]
     assert 0.68 < firsts.count(0) / 2000 < 0.82
+
+
+class FailsAt:
+    """A plugin of every stage that raises PluginError at ``stage`` only."""
+
+    def __init__(self, stage: str, name: str = "flaky") -> None:
+        self.name, self.stage = name, stage
+        self.capabilities = (Capabilities.FILTER | Capabilities.SCORE
+                             | Capabilities.PRE_REQUEST | Capabilities.POST_RESPONSE)
+
+    def _maybe_fail(self, stage):
+        if stage == self.stage:
+            raise PluginError(self.name, stage, "trap", "unreachable executed")
+
+    def filter(self, cycle, candidates):
+        self._maybe_fail("filter")
+        return candidates
+
+    def score(self, cycle, candidates):
+        self._maybe_fail("score")
+        return np.full(len(candidates), 0.5)
+
+    def pre_request(self, cycle, endpoint):
+        self._maybe_fail("pre_request")
+
+    def post_response(self, event):
+        self._maybe_fail("post_response")
+
+
+@pytest.mark.parametrize(("stage", "shadow", "listed"), [
+    ("filter", False, True),
+    ("score", False, True),
+    ("pre_request", False, True),
+    ("score", True, False),  # a shadow's failure never shows in the live answer
+    ("pre_request", True, True),  # shadows record the pick like live policies
+    ("post_response", False, False),  # after the answer: counted only
+], ids=["filter", "score", "pre_request", "shadow-score", "shadow-pre_request",
+        "post_response"])
+def test_every_stage_guards_a_failing_plugin_the_same_way(stage, shadow, listed):
+    rec = Recorder()
+    p = pool(ep(1), ep(2))
+    s = sched(p, PolicyEntry("flaky", FailsAt(stage), shadow=shadow),
+              PolicyEntry("load", PyLoad()), recorder=rec)
+    d = s.schedule(req(request_id="r"))
+    assert d.endpoint in ("10.0.0.1:8000", "10.0.0.2:8000")
+    assert s.complete(decision_id=d.decision_id) is True
+    assert rec.errors == [("flaky", "trap")]
+    assert d.skipped == (["flaky: trap: unreachable executed"] if listed else [])
+    assert len(rec.stage_times) == 1 and all(t >= 0 for t in rec.stage_times[0])
+
+
+def test_completion_hooks_name_the_picked_endpoint_and_the_log_what_the_gateway_said():
+    class Sink:
+        def __init__(self):
+            self.completions = []
+
+        def decision(self, *args):
+            pass
+
+        def completion(self, decision_id, event, endpoint, *rest):
+            self.completions.append((event.endpoint, endpoint))
+
+    lora = PyLoraAffinity()
+    p = pool(ep(1, max_lora=2), ep(2, max_lora=2), ep(3, max_lora=2))
+    s = sched(p, PolicyEntry("lora", lora))
+    s.decisions = sink = Sink()
+    d = s.schedule(req(adapter="a"))  # no request id: history is keyed by endpoint
+    assert lora.history == {("a", d.endpoint): 1}
+    # the gateway failed over to a fallback and says so
+    assert s.complete(decision_id=d.decision_id, endpoint=d.fallbacks[0]) is True
+    assert lora.history == {("a", d.endpoint): 0}  # the pick's history came down
+    assert s.assignments.in_flight(d.endpoint) == 0
+    assert sink.completions == [(d.endpoint, d.fallbacks[0])]
+
+
+def test_shadow_agreement_is_tallied_per_plugin_and_a_new_load_starts_fresh():
+    p = pool(ep(1), ep(2, waiting=9))
+    lora = PyLoraAffinity()  # scores both 0.8-ish: agrees with load's pick
+    s = sched(p, PolicyEntry("load", PyLoad()), PolicyEntry("lora", lora, shadow=True))
+    assert s.shadow_agreement(lora) == 0.0  # nothing scored yet
+    for seed in range(10):
+        s.schedule(req(seed=seed))
+    assert s.shadow_agreement(lora) == 1.0
+    fresh = PyLoraAffinity()
+    s.policies = s.policies.put(PolicyEntry("lora", fresh, shadow=True))
+    assert s.shadow_agreement(fresh) == 0.0 and s.shadow_agreement(lora) == 1.0

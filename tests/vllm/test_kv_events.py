@@ -9,14 +9,13 @@ router's traffic: only the events show it). Agreement is measured on the per-can
 from them, and the live pick. A third epick started late (endpoints found through vLLM's
 /kv_event_sources) catches up by replay.
 
-This branch has no policy that reads ``prefix_matched`` (kv-sim's ``precise-prefix`` does:
-score = matched / blocks), so the test plays it: from each epick's explanation it takes the
-candidate with the highest matched / blocks (a tie: that epick's own pick), routes the
-request where the first epick's precise choice says, and compares the two precise choices.
-The live picks come from the approximate ``prefix-cache`` policy with its load guard off
-(``max_imbalance = -1``: its state is its own pick history, not scrape timing) and are
-compared too. The precise state is checked against the engines: an exact repeat of a
-request already served on X must show all its blocks matched on X.
+The live picks come from the ``precise-prefix`` policy (score = matched / blocks from the
+events, or its own recent picks until their events arrive) with its load guard off
+(``max_imbalance = -1``: the two processes scrape at different moments, and a guard on
+load would make scrape timing, not the events, decide); each request is served where the
+first epick picked. The precise state is checked against the engines: an exact repeat of
+a request already served on X must show all its blocks matched on X, and where the
+events give one candidate the most matched blocks, the pick follows them.
 """
 
 from __future__ import annotations
@@ -80,7 +79,7 @@ def config_text(fleet, tmp_path, name: str, *, discover: bool = False) -> str:
         else:
             lines += [f'kv_events = "{r.kv_events_endpoint}"',
                       f'kv_replay = "{r.kv_replay_endpoint}"', f'kv_topic = "{r.kv_topic}"']
-    lines += ["[[policies]]", 'name = "prefix-cache"', 'module = "prefix-cache"',
+    lines += ["[[policies]]", 'name = "precise-prefix"', 'module = "precise-prefix"',
               "params = { max_imbalance = -1 }"]
     path = tmp_path / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n")
@@ -124,12 +123,12 @@ class Serve:
             self.channel.close()
 
 
-def precise(kv: dict[str, tuple[int, int]], live: str) -> str:
-    """What a precise-prefix policy would pick: highest matched / blocks, ties to ``live``."""
+def most_matched(kv: dict[str, tuple[int, int]]) -> str | None:
+    """The one candidate the events say holds the most of the request, if there is one."""
     ratio = {a: (m / b if b > 0 and m > 0 else 0.0) for a, (b, m) in kv.items()}
     best = max(ratio.values(), default=0.0)
-    top = sorted(a for a, r in ratio.items() if r == best)
-    return live if live in top or not top else top[0]
+    top = [a for a, r in ratio.items() if r == best]
+    return top[0] if best > 0 and len(top) == 1 else None
 
 
 def serve_on_vllm(address: str, req: dict) -> None:
@@ -186,7 +185,7 @@ def test_two_epicks_agree_on_real_kv_events_and_a_late_third_catches_up(fleet, s
     for s in (a, b):
         wait_ready(s, probe, len(fleet.replicas))
 
-    same_pick = same_kv = same_precise = by_events = 0
+    same_pick = same_kv = decided = followed = 0
     served_on: dict[tuple, str] = {}
     repeats = repeat_full = 0
     nonzero = 0
@@ -206,11 +205,13 @@ def test_two_epicks_agree_on_real_kv_events_and_a_late_third_catches_up(fleet, s
         pb_, kvb = b.pick(req)
         same_pick += pa == pb_
         same_kv += kva == kvb
-        target = precise(kva, pa)
-        same_precise += target == precise(kvb, pb_)
-        by_events += target != pa
-        if kva != kvb:
-            disagreements.append((req["seed"], kva, kvb))
+        target = pa
+        best = most_matched(kva)
+        if best is not None:
+            decided += 1
+            followed += pa == best
+        if kva != kvb or pa != pb_:
+            disagreements.append((req["seed"], pa, pb_, kva, kvb))
         nonzero += any(m > 0 for _, m in kva.values())
         if key in served_on:
             repeats += 1
@@ -220,15 +221,13 @@ def test_two_epicks_agree_on_real_kv_events_and_a_late_third_catches_up(fleet, s
         served_on.setdefault(key, target)
     n -= direct
     print(f"\nactive-active on real vLLM: {n} picked requests (+{direct} sent around epick), "
-          f"identical precise choices "
-          f"{same_precise}/{n} ({by_events} differ from the approximate pick), identical "
-          f"live picks {same_pick}/{n}, "
+          f"identical picks {same_pick}/{n}; where the events named one best candidate the "
+          f"pick followed them {followed}/{decided}; "
           f"identical (prefix_blocks, prefix_matched) {same_kv}/{n}; exact repeats fully "
           f"matched on the replica that served them {repeat_full}/{repeats}; "
           f"requests with some match {nonzero}/{n}; disagreements {disagreements[:3]}")
-    assert same_precise >= 0.99 * n
-    assert by_events > 0  # the events, not epick's own history, decided some
     assert same_pick >= 0.99 * n
+    assert decided >= n // 4 and followed >= 0.9 * decided
     assert same_kv >= 0.99 * n
     assert repeats >= 20 and repeat_full >= 0.95 * repeats
     assert nonzero >= n // 2
@@ -250,10 +249,10 @@ def test_two_epicks_agree_on_real_kv_events_and_a_late_third_catches_up(fleet, s
     for req in more:
         pa, kva = a.pick(req)
         _, kvc = c.pick(req)
-        # Its approximate history is empty (it saw none of the picks): compare what the
-        # events say, and the precise choice where the events decide it.
+        # Its own recent-pick history is empty (it saw none of the picks): compare what
+        # the events say.
         agree += kva == kvc
-        serve_on_vllm(precise(kva, pa), req)
+        serve_on_vllm(pa, req)
     print(f"late third epick: agreed with the first {caught_up_s:.1f} s after it was started "
           f"(process start included); then identical KV counts on {agree}/{len(more)}")
     assert agree >= 0.95 * len(more)

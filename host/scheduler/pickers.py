@@ -1,4 +1,5 @@
-"""Pickers: turn weighted totals into an ordered answer (primary first, then fallbacks).
+"""The pickers (:class:`epick.interfaces.Picker`): turn weighted totals into an ordered
+answer (primary first, then fallbacks).
 
 Both are deterministic for a given seed; without a seed they draw from the process RNG.
 """
@@ -6,25 +7,18 @@ Both are deterministic for a given seed; without a seed they draw from the proce
 from __future__ import annotations
 
 import random
-from typing import Protocol
 
 import numpy as np
 
-__all__ = ["Picker", "MaxScorePicker", "WeightedRandomPicker", "make_picker"]
+from epick.interfaces import Picker
+
+__all__ = ["MaxScorePicker", "WeightedRandomPicker", "make_picker"]
 
 _PROCESS_RNG = random.Random()
 
 
 def _rng(seed: int | None) -> random.Random:
     return _PROCESS_RNG if seed is None else random.Random(seed)
-
-
-class Picker(Protocol):
-    name: str
-
-    def pick(self, totals: np.ndarray, count: int, seed: int | None) -> list[int]:
-        """Return up to ``count`` positions into ``totals``, best first."""
-        ...
 
 
 class MaxScorePicker:

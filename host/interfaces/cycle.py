@@ -1,0 +1,108 @@
+"""The per-request state every plugin of one scheduling cycle shares (kube's CycleState).
+
+Moved here from ``epick.scheduler.framework``: the runtime's ``WasmPolicy`` encodes its
+payload with :meth:`Cycle.score_input` and so needs this type, not the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from epick import abi
+from epick.interfaces.snapshot import PoolSnapshot
+
+__all__ = ["Cycle", "AssignmentView", "KvCounts"]
+
+
+class AssignmentView(Protocol):
+    """What a cycle reads of the host's assignment counts (``epick.scheduler.assignments``
+    implements it): ``(in_flight, picked_since_scrape)`` per address, both empty when
+    nothing is assigned."""
+
+    def of(self, addresses: Sequence[str]) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
+
+    def __bool__(self) -> bool: ...
+
+
+class KvCounts(Protocol):
+    """The KV-events seam (``epick.kv.KvRouting`` implements it): per candidate, the
+    request's full KV blocks and how many leading ones the endpoint's events say it
+    holds (``ScoreInput.prefix_blocks`` / ``prefix_matched``)."""
+
+    def counts(self, request: abi.Request, endpoints: Sequence[abi.EndpointMetrics],
+               candidates: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
+
+
+@dataclass(slots=True)
+class Cycle:
+    """Per-request state shared by every plugin of one scheduling cycle (read-only to them).
+
+    Encoded payloads are cached here so that N policies cost one encoding.
+    """
+
+    pool: PoolSnapshot
+    request: abi.Request
+    assignments: AssignmentView | None = None
+    """What the host has sent where (``ScoreInput.in_flight`` / ``picked_since_scrape``)."""
+    _inputs: dict[tuple[bool, tuple[int, ...]], bytes] = field(default_factory=dict)
+    _assigned: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] = field(
+        default_factory=dict)
+    now_ms: int = 0
+    """Unix ms of this decision, stamped once by the scheduler so every policy's hooks see
+    the same clock (and a replay of the decision log can give them the same again);
+    0 = not stamped (plugins use their own clock)."""
+    kv: KvCounts | None = None
+    """Per-candidate KV block counts from the engines' events; ``None`` = KV events off:
+    ``prefix_blocks``/``prefix_matched`` stay empty."""
+    _kv: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] = field(
+        default_factory=dict)
+
+    def kv_counts(self, candidates: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(prefix_blocks, prefix_matched)`` per candidate (cached per cycle)."""
+        if self.kv is None:
+            return (), ()
+        got = self._kv.get(candidates)
+        if got is None:
+            got = self._kv[candidates] = self.kv.counts(
+                self.request, self.pool.snapshot.endpoints, candidates)
+        return got
+
+    def assigned(self, candidates: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(in_flight, picked_since_scrape)`` per candidate as the policies see them
+        (cached per cycle, so a decision log records what they saw, not the counts after
+        the pick)."""
+        got = self._assigned.get(candidates)
+        if got is None:
+            got = ((), ())
+            if self.assignments:
+                eps = self.pool.snapshot.endpoints
+                got = self.assignments.of([eps[i].address for i in candidates])
+            self._assigned[candidates] = got
+        return got
+
+    def score_input(self, candidates: tuple[int, ...], *, inline_snapshot: bool) -> bytes:
+        """The msgpack ``ScoreInput`` for these candidates (cached per cycle).
+
+        ``inline_snapshot=False`` leaves the snapshot out (nil) for policies that keep it
+        resident via ``set_snapshot``.
+        """
+        key = (inline_snapshot, candidates)
+        blob = self._inputs.get(key)
+        if blob is None:
+            in_flight, since = self.assigned(candidates)
+            blocks, matched = self.kv_counts(candidates)
+            blob = abi.encoder.encode(
+                abi.ScoreInput(
+                    snapshot=self.pool.snapshot if inline_snapshot else None,
+                    request=self.request,
+                    candidates=candidates,
+                    in_flight=in_flight,
+                    picked_since_scrape=since,
+                    prefix_blocks=blocks,
+                    prefix_matched=matched,
+                )
+            )
+            self._inputs[key] = blob
+        return blob

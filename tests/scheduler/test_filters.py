@@ -1,0 +1,68 @@
+"""The host filters on their own: fresh, awake, serves-model, admission."""
+
+from __future__ import annotations
+
+import pytest
+
+from epick import abi
+from epick.abi import Criticality
+from epick.interfaces import Cycle, EndpointInfo, PoolSnapshot
+from epick.scheduler.filters import AdmissionFilter, AwakeFilter, FreshFilter, ServesModelFilter
+
+
+def cycle(*info: EndpointInfo, metrics=None, **request) -> Cycle:
+    metrics = metrics or [{}] * len(info)
+    eps = tuple(abi.EndpointMetrics(address=f"10.0.0.{i}:8000", **m)
+                for i, m in enumerate(metrics))
+    pool = PoolSnapshot.build(abi.Snapshot(version=1, timestamp_ms=0, endpoints=eps), info)
+    request.setdefault("model", "m")
+    return Cycle(pool=pool, request=abi.Request(**request))
+
+
+ALL = (0, 1, 2)
+
+
+def test_fresh_keeps_fresh_endpoints_on_the_fast_path_and_on_a_subset():
+    c = cycle(EndpointInfo(), EndpointInfo(fresh=False), EndpointInfo())
+    assert FreshFilter().filter(c, ALL) == (0, 2)  # every endpoint: the precomputed answer
+    assert FreshFilter().filter(c, (1, 2)) == (2,)
+
+
+def test_awake_drops_sleeping_engines_and_passes_all_when_none_sleeps():
+    c = cycle(EndpointInfo(), EndpointInfo(sleeping=True), EndpointInfo())
+    assert AwakeFilter().filter(c, ALL) == (0, 2)
+    awake = cycle(EndpointInfo(), EndpointInfo(), EndpointInfo())
+    assert AwakeFilter().filter(awake, (2, 0)) == (2, 0)  # untouched, order kept
+
+
+@pytest.mark.parametrize(("model", "adapter", "kept"), [
+    ("m", "", (0, 1, 2)),  # the base model: pinned model lists include it
+    ("m", "sql", (0,)),  # 1 lists only "chat", 2 no adapter; 0 says nothing (None = any)
+    ("m", "chat", (0, 1)),  # endpoint 2 serves no adapter
+    ("other", "", (0,)),  # endpoint 0 says nothing (None = any)
+], ids=["base", "sql", "chat", "other-model"])
+def test_serves_model_keeps_endpoints_that_serve_model_and_adapter(model, adapter, kept):
+    c = cycle(EndpointInfo(),
+              EndpointInfo(models=frozenset({"m"}), adapters=frozenset({"chat"})),
+              EndpointInfo(models=frozenset({"m"}), adapters=frozenset()),
+              model=model, adapter=adapter)
+    assert ServesModelFilter().filter(c, ALL) == kept
+
+
+def test_serves_model_passes_everything_when_no_endpoint_is_restricted():
+    c = cycle(EndpointInfo(), EndpointInfo(), EndpointInfo(), model="anything", adapter="x")
+    assert ServesModelFilter().filter(c, (1, 0)) == (1, 0)
+
+
+@pytest.mark.parametrize(("criticality", "kept"), [
+    (Criticality.SHEDDABLE, (0,)),
+    (Criticality.STANDARD, ALL),
+    (Criticality.CRITICAL, ALL),
+], ids=["sheddable", "standard", "critical"])
+def test_admission_applies_only_to_sheddable_requests(criticality, kept):
+    metrics = [dict(waiting=5, kv_usage=0.8),  # at both thresholds: admitted
+               dict(waiting=6, kv_usage=0.1),  # queue over
+               dict(waiting=0, kv_usage=0.81)]  # KV over
+    c = cycle(EndpointInfo(), EndpointInfo(), EndpointInfo(), metrics=metrics,
+              criticality=criticality)
+    assert AdmissionFilter(queue_threshold=5, kv_threshold=0.8).filter(c, ALL) == kept
