@@ -23,7 +23,9 @@ for adapter requests the fraction sent to a replica whose page listed the adapte
 resident at send time (from the 50 ms scrape). Before every run the replicas' prefix
 caches are reset (``POST /reset_prefix_cache``, vLLM's dev API) so routers start equal;
 LoRA slots are not reset (vLLM has no call for it): each run starts from the residency
-the previous run left.
+the previous run left. ``--foreign F`` sends the same seeded fraction F of requests around
+every router, round-robin — traffic another router sent, which only the engines' own KV
+events reveal.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -55,10 +58,12 @@ EPICK_PREFIX_POLICY = {"epick": "prefix-cache", "epick-precise": "precise-prefix
 WORKLOADS = ("shared-prefix", "multi-lora", "zero-hit")
 
 
-def _requests(name: str, qps: float, duration_s: float, seed: int, adapters: tuple[str, ...]):
+def _requests(name: str, qps: float, duration_s: float, seed: int, adapters: tuple[str, ...],
+              tenants: int = 6):
     """Workloads sized for a 1,024-token context: prompts of ~100-600 tokens, short outputs."""
     if name == "shared-prefix":
-        reqs = wl.shared_prefix(qps=qps, duration_s=duration_s, tenants=6, prefix_tokens=300,
+        reqs = wl.shared_prefix(qps=qps, duration_s=duration_s, tenants=tenants,
+                                prefix_tokens=300,
                                 suffix_tokens=(10, 40), output_tokens=(8, 24), seed=seed)
     elif name == "multi-lora":
         reqs = wl.multi_lora(qps=qps, duration_s=duration_s, adapters=len(adapters),
@@ -166,20 +171,26 @@ async def _send(http, address, model, req) -> tuple[float | None, int]:
 
 
 async def _run_one(router: str, reqs, replicas, model: str, epick_target: str | None,
-                   scraper: Scraper, http: aiohttp.ClientSession, seed: int) -> RunResult:
+                   scraper: Scraper, http: aiohttp.ClientSession, seed: int,
+                   foreign: float = 0.0) -> RunResult:
     addresses = [r.address for r in replicas]
     res = RunResult(workload="", rate=0.0, router=router, per_replica=[0] * len(addresses))
     ttfts: list[float] = []
     tokens = 0
     rr = 0
     resident_hits = 0
+    # The same requests go around the router for every router (a seeded draw per request).
+    around = random.Random(seed * 7 + 1)
+    direct = [around.random() < foreign for _ in reqs]
     channel = grpc.aio.insecure_channel(epick_target) if epick_target else None
     stub = picker_pb2_grpc.EndpointPickerStub(channel) if channel else None
 
     async def one(k: int, req) -> None:
         nonlocal rr, tokens, resident_hits
         decision = None
-        if stub is not None:
+        if direct[k]:  # another router's traffic: round-robin, never seen by this router
+            address = addresses[k % len(addresses)]
+        elif stub is not None:
             decision = await stub.Pick(pb.PickRequest(
                 model=model, adapter=req.adapter, prompt=req.prompt, seed=seed * 100_003 + k,
                 request_id=req.request_id), timeout=5)
@@ -301,13 +312,14 @@ async def _bench(args, fleet) -> list[RunResult]:
                     for name in args.workloads:
                         for rate in args.rates:
                             reqs = _requests(name, rate, args.duration, args.seed,
-                                             fleet.adapters)
+                                             fleet.adapters, tenants=args.tenants)
                             for router in args.routers:
                                 await _reset_prefix_caches(http, fleet.replicas)
                                 await asyncio.sleep(1.0)
                                 target = epicks[router][1] if router in epicks else None
                                 r = await _run_one(router, reqs, fleet.replicas, SERVED_MODEL,
-                                                   target, scraper, http, args.seed)
+                                                   target, scraper, http, args.seed,
+                                                   foreign=args.foreign)
                                 r.workload, r.rate = name, rate
                                 results.append(r)
                                 print(_row(r), flush=True)
@@ -341,6 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", type=lambda s: s.split(","), default=list(WORKLOADS))
     ap.add_argument("--routers", type=lambda s: s.split(","), default=list(ROUTERS))
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tenants", type=int, default=6, help="shared-prefix tenants")
+    ap.add_argument("--kv-cache-mb", type=int, default=64,
+                    help="KV cache per replica (64 MiB = 2,048 blocks of 32 tokens here); "
+                         "smaller puts the prefix cache under pressure (evictions)")
+    ap.add_argument("--foreign", type=float, default=0.0, metavar="F",
+                    help="send this fraction of requests around the router, round-robin "
+                         "(another router's traffic: only the engines' KV events show it)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
     for w in args.workloads:
@@ -352,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from epick.fleet import VllmFleet
 
-    fleet = VllmFleet(args.replicas, env={"VLLM_SERVER_DEV_MODE": "1"})
+    fleet = VllmFleet(args.replicas, env={"VLLM_SERVER_DEV_MODE": "1"},
+                      kv_cache_bytes=args.kv_cache_mb << 20)
     print(f"starting {args.replicas} vLLM-CPU replicas…", flush=True)
     with fleet:
         print(HEADER, flush=True)
