@@ -2,12 +2,14 @@
 
 Two `epick serve` processes subscribe to the same 2-replica fleet (events + replay), get
 the same seeded stream of Picks (completions and chats, base model and LoRA adapters,
-some with a cache_salt), and each request is then served where the first one's precise
-choice says. A quarter of the requests go straight to a replica, around epick (another
-router's traffic: only the events show it). Agreement is measured on the per-candidate
-(prefix_blocks, prefix_matched) both show in their explanations, the precise choice made
-from them, and the live pick. A third epick started late (endpoints found through vLLM's
-/kv_event_sources) catches up by replay.
+some with a cache_salt), and each request is then served where the first one picked. A
+quarter of the requests go straight to a replica, around epick (another router's traffic:
+only the events show it). Before each pick the driver waits until both epicks have applied
+the same frames (``epick_kv_frames_total``), so what is measured is agreement on the same
+state, not who got an event first. Agreement is measured on the per-candidate
+(prefix_blocks, prefix_matched) both show in their explanations and on the live pick. A
+third epick started late (endpoints found through vLLM's /kv_event_sources) catches up by
+replay.
 
 The live picks come from the ``precise-prefix`` policy (score = matched / blocks from the
 events, or its own recent picks until their events arrive) with its load guard off
@@ -67,7 +69,8 @@ def stream(n: int, seed: int) -> list[dict]:
 
 
 def config_text(fleet, tmp_path, name: str, *, discover: bool = False) -> str:
-    lines = ["version = 1", "[server]", 'listen = "127.0.0.1:0"', 'metrics_listen = ""',
+    lines = ["version = 1", "[server]", 'listen = "127.0.0.1:0"',
+             'metrics_listen = "127.0.0.1:0"',
              "[admin]", 'listen = ""', "[pool]", "scrape_interval_ms = 50",
              "stale_after_ms = 5000", "timeout_ms = 2000", "[runtime]",
              f'cache_dir = "{tmp_path / "cache"}"', "[kv_events]",
@@ -99,6 +102,11 @@ class Serve:
             raise AssertionError(f"epick serve did not start: {line!r} "
                                  f"{self.proc.stderr.read()[-3000:]}")
         self.target = line.rsplit(" ", 1)[1].strip()
+        line = self.proc.stdout.readline()
+        if "metrics on" not in line:
+            self.stop()
+            raise AssertionError(f"epick serve printed no metrics URL: {line!r}")
+        self.metrics_url = line.split()[-1]
         self.channel = grpc.insecure_channel(self.target)
         self.picker = picker_pb2_grpc.EndpointPickerStub(self.channel)
 
@@ -110,6 +118,12 @@ class Serve:
         kv = {c.endpoint: (c.prefix_blocks, c.prefix_matched)
               for c in resp.explanation.candidates if c.HasField("prefix_matched")}
         return resp.endpoint, kv
+
+    def frames(self) -> dict[str, float]:
+        """``epick_kv_frames_total`` per endpoint: the KV-event frames it has applied."""
+        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
+        return {line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line.startswith("epick_kv_frames_total{")}
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -146,6 +160,19 @@ def serve_on_vllm(address: str, req: dict) -> None:
                                {"Content-Type": "application/json"})
     with urllib.request.urlopen(r, timeout=120) as resp:
         resp.read()
+
+
+def settle(serves: list[Serve], timeout_s: float = 60.0) -> None:
+    """Until every epick has applied the same frames from every endpoint: a pick must not
+    race an event still on its way to one of them (found by a run where it did: 82/84)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = [s.frames() for s in serves]
+        if seen[0] and all(x == seen[0] for x in seen):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the epicks' KV frames never agreed: {seen}")
+        time.sleep(0.02)
 
 
 def wait_ready(serve: Serve, req: dict, want: int, timeout_s: float = 120.0) -> None:
@@ -201,6 +228,7 @@ def test_two_epicks_agree_on_real_kv_events_and_a_late_third_catches_up(fleet, s
             served_on.setdefault(key, where)
             direct += 1
             continue
+        settle([a, b])
         pa, kva = a.pick(req)
         pb_, kvb = b.pick(req)
         same_pick += pa == pb_
@@ -247,6 +275,7 @@ def test_two_epicks_agree_on_real_kv_events_and_a_late_third_catches_up(fleet, s
     more = stream(30, seed=17)
     agree = 0
     for req in more:
+        settle([a, c])
         pa, kva = a.pick(req)
         _, kvc = c.pick(req)
         # Its own recent-pick history is empty (it saw none of the picks): compare what
