@@ -63,3 +63,15 @@ def build_mutants(specs: dict[str, tuple[str, Sequence[Mutation]]]) -> dict[str,
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {k: pool.submit(build_mutant, p, m) for k, (p, m) in specs.items()}
         return {k: f.result() for k, f in futures.items()}
+
+
+def assert_fails_on(module, case: str, words: str) -> None:
+    """The conformance run of a mutant ``module`` fails, and ``case`` fails saying ``words``."""
+    from epick.conformance import check
+
+    report = check(module, {}, properties=False)
+    assert not report.passed
+    failed = {c.name: c for c in report.failures}
+    assert case in failed, f"{case} passed; failures: {sorted(failed)}"
+    assert failed[case].verdict == "fail"
+    assert words in failed[case].why

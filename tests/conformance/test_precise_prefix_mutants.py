@@ -6,7 +6,7 @@ built with epick.policies_build (as test_mutants.py does for lora-affinity)."""
 from __future__ import annotations
 
 import pytest
-from conformance_mutants import build_mutants
+from conformance_mutants import assert_fails_on, build_mutants
 
 from epick.conformance import check
 
@@ -59,14 +59,7 @@ def mutant_wasm():
 def test_each_mutant_fails_and_the_failure_names_the_case(mutant, mutant_wasm, runtime):
     _, case, words = MUTANTS[mutant]
     module = runtime.compile(mutant_wasm[mutant].read_bytes(), name=f"precise-{mutant}")
-
-    report = check(module, {}, properties=False)
-
-    assert not report.passed
-    failed = {c.name: c for c in report.failures}
-    assert case in failed, f"{case} passed; failures: {sorted(failed)}"
-    assert failed[case].verdict == "fail"
-    assert words in failed[case].why
+    assert_fails_on(module, case, words)
 
 
 def test_the_shipped_policy_passes_every_vector_and_property(shipped):

@@ -22,15 +22,15 @@ import sys
 import time
 import urllib.request
 
-import grpc
 import pytest
+from epick_process import EpickProcess, settle, until_counts
 
 from epick.api.gen.epick.v1 import picker_pb2 as pb
-from epick.api.gen.epick.v1 import picker_pb2_grpc
 
 pytestmark = pytest.mark.slow
 
 MODEL = "sim-base"
+PROBE = {"id": "probe", "seed": 1, "prompt": "probe"}  # shorter than a block: leaves no state
 
 
 class Proc:
@@ -56,34 +56,9 @@ class Proc:
                 self.proc.wait(timeout=10)
 
 
-class Epick(Proc):
-    def __init__(self, config: str) -> None:
-        super().__init__([sys.executable, "-m", "epick.cli", "serve", "--config", config])
-        line = self.line()
-        assert line.startswith("epick: serving Pick on"), line
-        self.target = line.rsplit(" ", 1)[1]
-        line = self.line()
-        assert "metrics on" in line, line
-        self.metrics_url = line.split()[-1]
-        self.channel = grpc.insecure_channel(self.target)
-        self.picker = picker_pb2_grpc.EndpointPickerStub(self.channel)
-
-    def pick(self, req: dict) -> tuple[str, dict[str, tuple[int, int]]]:
-        resp = self.picker.Pick(pb.PickRequest(
-            request_id=req["id"], model=MODEL, prompt=req["prompt"], seed=req["seed"],
-            explain=True), timeout=30)
-        kv = {c.endpoint: (c.prefix_blocks, c.prefix_matched)
-              for c in resp.explanation.candidates if c.HasField("prefix_matched")}
-        return resp.endpoint, kv
-
-    def frames(self) -> dict[str, float]:
-        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
-        return {line.split('"')[1]: float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines() if line.startswith("epick_kv_frames_total{")}
-
-    def stop(self) -> None:
-        super().stop()
-        self.channel.close()
+def request(req: dict) -> pb.PickRequest:
+    return pb.PickRequest(request_id=req["id"], model=MODEL, prompt=req["prompt"],
+                          seed=req["seed"], explain=True)
 
 
 def config(tmp_path, name: str, addresses: list[str]) -> str:
@@ -118,34 +93,6 @@ def serve_on(address: str, req: dict) -> None:
         resp.read()
 
 
-def settle(epicks: list[Epick], timeout_s: float = 30.0) -> None:
-    """Until every epick has received the same frames from every endpoint."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        seen = [e.frames() for e in epicks]
-        if all(s == seen[0] for s in seen) and seen[0]:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the epicks' KV frames never agreed: {seen}")
-        time.sleep(0.02)
-
-
-def ready(e: Epick, replicas: int, timeout_s: float = 60.0) -> None:
-    """Until it answers with every endpoint's KV counts (subscribed, replay done)."""
-    probe = {"id": "probe", "seed": 1, "prompt": "probe"}
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            _, kv = e.pick(probe)
-            if len(kv) == replicas and all(m >= 0 for _, m in kv.values()):
-                return
-        except grpc.RpcError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{e.target}: no KV counts after {timeout_s:.0f} s")
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def fleet():
     sim = Proc([sys.executable, "-m", "epick.sim", "serve", "--replicas", "2", "--kv-events"])
@@ -157,18 +104,18 @@ def fleet():
 
 
 def test_two_epicks_agree_on_the_sims_kv_events_and_a_late_third_catches_up(fleet, tmp_path):
-    a = Epick(config(tmp_path, "a", fleet))
-    b = Epick(config(tmp_path, "b", fleet))
+    a = EpickProcess(config(tmp_path, "a", fleet))
+    b = EpickProcess(config(tmp_path, "b", fleet))
     late = None
     try:
         for e in (a, b):
-            ready(e, len(fleet))
+            until_counts(e, request(PROBE), len(fleet))
         reqs = stream(60, seed=16)
         same_pick = same_kv = matched = 0
         for req in reqs:
             settle([a, b])
-            pa, kva = a.pick(req)
-            pb_, kvb = b.pick(req)
+            pa, kva = a.pick(request(req))
+            pb_, kvb = b.pick(request(req))
             same_pick += pa == pb_
             same_kv += kva == kvb
             matched += kva.get(pa, (0, 0))[1] > 0
@@ -181,17 +128,17 @@ def test_two_epicks_agree_on_the_sims_kv_events_and_a_late_third_catches_up(flee
         assert matched >= n // 2  # the events, not chance, placed most of them
 
         t0 = time.monotonic()
-        late = Epick(config(tmp_path, "late", fleet))
-        ready(late, len(fleet))
+        late = EpickProcess(config(tmp_path, "late", fleet))
+        until_counts(late, request(PROBE), len(fleet))
         settle([a, late])
         caught_up_s = time.monotonic() - t0
         more = stream(20, seed=17)
         agree = 0
         for req in more:
             settle([a, b, late])
-            pa, kva = a.pick(req)
-            b.pick(req)
-            _, kvl = late.pick(req)
+            pa, kva = a.pick(request(req))
+            b.pick(request(req))
+            _, kvl = late.pick(request(req))
             agree += kva == kvl  # its recent-pick history is empty: compare the events
             serve_on(pa, req)
         print(f"a third epick caught up {caught_up_s:.1f} s after its start (process start "

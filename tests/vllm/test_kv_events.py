@@ -24,17 +24,13 @@ from __future__ import annotations
 
 import json
 import random
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 
-import grpc
 import pytest
+from epick_process import EpickProcess, settle, until_counts
 
 from epick.api.gen.epick.v1 import picker_pb2 as pb
-from epick.api.gen.epick.v1 import picker_pb2_grpc
 from epick.chat import serialize_messages
 from epick.fleet import SERVED_MODEL
 
@@ -89,52 +85,10 @@ def config_text(fleet, tmp_path, name: str, *, discover: bool = False) -> str:
     return str(path)
 
 
-class Serve:
-    """One `epick serve` process (stopped by its PID)."""
-
-    def __init__(self, config: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "epick.cli", "serve", "--config",
-                                      config], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if not line.startswith("epick: serving Pick on"):
-            self.stop()
-            raise AssertionError(f"epick serve did not start: {line!r} "
-                                 f"{self.proc.stderr.read()[-3000:]}")
-        self.target = line.rsplit(" ", 1)[1].strip()
-        line = self.proc.stdout.readline()
-        if "metrics on" not in line:
-            self.stop()
-            raise AssertionError(f"epick serve printed no metrics URL: {line!r}")
-        self.metrics_url = line.split()[-1]
-        self.channel = grpc.insecure_channel(self.target)
-        self.picker = picker_pb2_grpc.EndpointPickerStub(self.channel)
-
-    def pick(self, req: dict) -> tuple[str, dict[str, tuple[int, int]]]:
-        resp = self.picker.Pick(pb.PickRequest(
-            request_id=f"r{req['seed']}", model=SERVED_MODEL, adapter=req["adapter"],
-            prompt=req["prompt"], cache_salt=req["salt"], seed=req["seed"], explain=True),
-            timeout=30)
-        kv = {c.endpoint: (c.prefix_blocks, c.prefix_matched)
-              for c in resp.explanation.candidates if c.HasField("prefix_matched")}
-        return resp.endpoint, kv
-
-    def frames(self) -> dict[str, float]:
-        """``epick_kv_frames_total`` per endpoint: the KV-event frames it has applied."""
-        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
-        return {line.split('"')[1]: float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines() if line.startswith("epick_kv_frames_total{")}
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if hasattr(self, "channel"):
-            self.channel.close()
+def request(req: dict) -> pb.PickRequest:
+    return pb.PickRequest(request_id=f"r{req['seed']}", model=SERVED_MODEL,
+                          adapter=req["adapter"], prompt=req["prompt"],
+                          cache_salt=req["salt"], seed=req["seed"], explain=True)
 
 
 def most_matched(kv: dict[str, tuple[int, int]]) -> str | None:
@@ -162,40 +116,12 @@ def serve_on_vllm(address: str, req: dict) -> None:
         resp.read()
 
 
-def settle(serves: list[Serve], timeout_s: float = 60.0) -> None:
-    """Until every epick has applied the same frames from every endpoint: a pick must not
-    race an event still on its way to one of them (found by a run where it did: 82/84)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        seen = [s.frames() for s in serves]
-        if seen[0] and all(x == seen[0] for x in seen):
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the epicks' KV frames never agreed: {seen}")
-        time.sleep(0.02)
-
-
-def wait_ready(serve: Serve, req: dict, want: int, timeout_s: float = 120.0) -> None:
-    """Until it answers with both endpoints' KV counts (subscribed, replay done)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            _, kv = serve.pick(req)
-            if len(kv) == want and all(m >= 0 for _, m in kv.values()):
-                return
-        except grpc.RpcError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{serve.target}: no KV counts after {timeout_s:.0f} s")
-        time.sleep(0.2)
-
-
 @pytest.fixture
 def serves(fleet, tmp_path):
-    started: list[Serve] = []
+    started: list[EpickProcess] = []
 
-    def start(name: str, **kw) -> Serve:
-        s = Serve(config_text(fleet, tmp_path, name, **kw))
+    def start(name: str, **kw) -> EpickProcess:
+        s = EpickProcess(config_text(fleet, tmp_path, name, **kw))
         started.append(s)
         return s
 
@@ -210,7 +136,7 @@ def test_two_epicks_agree_on_real_kv_events_and_a_late_third_catches_up(fleet, s
     a, b = serves("a"), serves("b")
     probe = {"chat": False, "prompt": "probe", "adapter": "", "salt": "", "seed": 1}
     for s in (a, b):
-        wait_ready(s, probe, len(fleet.replicas))
+        until_counts(s, request(probe), len(fleet.replicas))
 
     same_pick = same_kv = decided = followed = 0
     served_on: dict[tuple, str] = {}
@@ -229,8 +155,8 @@ def test_two_epicks_agree_on_real_kv_events_and_a_late_third_catches_up(fleet, s
             direct += 1
             continue
         settle([a, b])
-        pa, kva = a.pick(req)
-        pb_, kvb = b.pick(req)
+        pa, kva = a.pick(request(req))
+        pb_, kvb = b.pick(request(req))
         same_pick += pa == pb_
         same_kv += kva == kvb
         target = pa
@@ -264,11 +190,11 @@ def test_two_epicks_agree_on_real_kv_events_and_a_late_third_catches_up(fleet, s
     # replays what they published since they started.
     t0 = time.monotonic()
     c = serves("c", discover=True)
-    wait_ready(c, probe, len(fleet.replicas))
+    until_counts(c, request(probe), len(fleet.replicas))
     last = reqs[-1]
-    _, want = a.pick(last)
+    _, want = a.pick(request(last))
     deadline = time.monotonic() + 60
-    while (got := c.pick(last)[1]) != want and time.monotonic() < deadline:
+    while (got := c.pick(request(last))[1]) != want and time.monotonic() < deadline:
         time.sleep(0.1)
     caught_up_s = time.monotonic() - t0
     assert got == want
@@ -276,8 +202,8 @@ def test_two_epicks_agree_on_real_kv_events_and_a_late_third_catches_up(fleet, s
     agree = 0
     for req in more:
         settle([a, c])
-        pa, kva = a.pick(req)
-        _, kvc = c.pick(req)
+        pa, kva = a.pick(request(req))
+        _, kvc = c.pick(request(req))
         # Its own recent-pick history is empty (it saw none of the picks): compare what
         # the events say.
         agree += kva == kvc
