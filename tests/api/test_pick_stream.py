@@ -187,6 +187,10 @@ def test_a_client_leaving_mid_stream_is_no_error_and_the_service_keeps_serving(
         list(answers)
     assert info.value.code() == grpc.StatusCode.CANCELLED
     (again,) = stream(svc, [pick_msg(9, seed=1)])
-    assert again.pick.endpoint == servers[2].address
+    # Which endpoint is not the point: the endless stream's picks before the cancel are
+    # in flight on the idle one, and how many the server read before it saw the cancel
+    # depends on how busy the machine is (a clean-clone CI run read enough to tip it).
+    assert again.WhichOneof("kind") == "pick"
+    assert again.pick.endpoint in {s.address for s in servers}
     assert [r.getMessage() for r in caplog.records
             if r.levelname in ("ERROR", "CRITICAL")] == []
