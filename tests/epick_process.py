@@ -21,7 +21,7 @@ import grpc
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 from epick.api.gen.epick.v1 import picker_pb2_grpc
 
-__all__ = ["EpickProcess", "settle", "until_counts"]
+__all__ = ["EpickProcess", "settle", "stop_process", "until_counts"]
 
 KvCounts = dict[str, tuple[int, int]]
 
@@ -59,15 +59,20 @@ class EpickProcess:
                 for line in text.splitlines() if line.startswith("epick_kv_frames_total{")}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
         if self.channel is not None:
             self.channel.close()
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, and SIGKILL if it has not exited 30 s later."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def settle(epicks: list[EpickProcess], timeout_s: float = 60.0) -> None:

@@ -109,3 +109,14 @@ def running(config: cfg.Config, *, config_path: Path | None = None) -> Iterator[
         assert not thread.is_alive(), "the service did not stop"
 
 
+def spy_complete(svc: Running) -> list[dict]:
+    """Record the keyword arguments of every ``scheduler.complete`` call from now on."""
+    seen: list[dict] = []
+    complete = svc.service.scheduler.complete
+
+    def spy(**kw):
+        seen.append(kw)
+        return complete(**kw)
+
+    svc.call(setattr, svc.service.scheduler, "complete", spy)
+    return seen

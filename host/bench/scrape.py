@@ -113,14 +113,13 @@ def _cpu_of(pid: int) -> float:
 
 
 def _measure(addresses: list[str], mode: str, args: argparse.Namespace) -> None:
-    pool = Pool([EndpointSpec(address=a) for a in addresses],
-                scrape_interval_ms=args.interval_ms, scrape_in=mode)  # fmt: skip
     scrapes = [0]
 
     def count(_address: str) -> None:
         scrapes[0] += 1
 
-    pool._on_scrape = count
+    pool = Pool([EndpointSpec(address=a) for a in addresses],
+                scrape_interval_ms=args.interval_ms, scrape_in=mode, on_scrape=count)
 
     async def measure() -> tuple[float, float, float]:
         async with anyio.create_task_group() as tg:

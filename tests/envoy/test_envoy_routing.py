@@ -15,6 +15,7 @@ from collections import Counter
 
 import httpx
 import pytest
+from epick_service import spy_complete
 from fakes import vllm_page
 
 from epick.bench.envoy import EXAMPLES, find_envoy
@@ -233,17 +234,6 @@ def wait_for(predicate, timeout_s: float = 10.0):
         time.sleep(0.02)
     return predicate()
 
-
-def spy_complete(svc) -> list[dict]:
-    seen: list[dict] = []
-    complete = svc.service.scheduler.complete
-
-    def spy(**kw):
-        seen.append(kw)
-        return complete(**kw)
-
-    svc.call(setattr, svc.service.scheduler, "complete", spy)
-    return seen
 
 
 def test_the_backend_address_stays_inside_by_default(replicas, epick, envoy):

@@ -19,6 +19,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from epick_service import spy_complete
 from fakes import vllm_page
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -100,18 +101,6 @@ def immediate_of(resp) -> tuple[int, dict, dict[str, str]]:
     return (imm.status.code, json.loads(imm.body),
             {h.header.key: h.header.raw_value.decode() for h in imm.headers.set_headers})
 
-
-def spy_complete(svc) -> list[dict]:
-    """Record every scheduler.complete call's keyword arguments."""
-    seen: list[dict] = []
-    complete = svc.service.scheduler.complete
-
-    def spy(**kw):
-        seen.append(kw)
-        return complete(**kw)
-
-    svc.call(setattr, svc.service.scheduler, "complete", spy)
-    return seen
 
 
 # -- BUFFERED ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 from aiohttp import web
-from epick_service import make_config, running
+from epick_service import make_config, running, spy_complete
 from fakes import vllm_page
 
 from epick.gateway.proxy import Gateway, make_app
@@ -230,17 +230,6 @@ def test_a_client_that_leaves_mid_stream_is_reported_and_not_logged_as_an_error(
     assert "Error handling request" not in caplog.text
 
 
-def _spy_complete(svc) -> list[dict]:
-    seen: list[dict] = []
-    complete = svc.service.scheduler.complete
-
-    def spy(**kw):
-        seen.append(kw)
-        return complete(**kw)
-
-    svc.call(setattr, svc.service.scheduler, "complete", spy)
-    return seen
-
 
 def _wait(predicate, timeout_s=10.0):
     deadline = time.monotonic() + timeout_s
@@ -252,7 +241,7 @@ def _wait(predicate, timeout_s=10.0):
 @pytest.mark.parametrize("stream", [True, False], ids=["sse", "json"])
 def test_usage_and_ttft_read_from_the_answer_are_reported(world, stream):
     fleet, svc, url = world
-    seen = _spy_complete(svc)
+    seen = spy_complete(svc)
     body = {"model": BASE, "prompt": "Hello there", "max_tokens": 4, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -270,7 +259,7 @@ def test_usage_and_ttft_read_from_the_answer_are_reported(world, stream):
 
 def test_a_client_that_leaves_mid_stream_is_reported_cancelled(world):
     fleet, svc, url = world
-    seen = _spy_complete(svc)
+    seen = spy_complete(svc)
     body = {"model": BASE, "prompt": "z" * 400, "max_tokens": 5000, "stream": True}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
         for line in r.iter_lines():

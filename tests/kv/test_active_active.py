@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
-from epick_process import EpickProcess, settle, until_counts
+from epick_process import EpickProcess, settle, stop_process, until_counts
 
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 
@@ -47,13 +46,7 @@ class Proc:
         return line.strip()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
 
 def request(req: dict) -> pb.PickRequest:
