@@ -35,6 +35,11 @@ def test_every_service_metric_is_declared_with_its_type_and_labels():
         for name in telemetry.__all__
         if isinstance(metric := getattr(telemetry, name), prometheus_client.metrics.MetricWrapperBase)
     }
+    declared |= {
+        metric._name: ("histogram", metric._labelnames)  # noqa: SLF001
+        for name in telemetry.__all__
+        if isinstance(metric := getattr(telemetry, name), telemetry.LoopHistogram)
+    }
     assert declared == EXPECTED
 
 
@@ -60,6 +65,34 @@ def test_pick_latency_buckets_resolve_microseconds():
     assert telemetry.REGISTRY.get_sample_value(
         "epick_pick_latency_seconds_bucket", {"stage": "filter", "le": "1e-05"}
     ) >= 1
+
+
+def test_a_loop_histogram_exposes_what_a_prometheus_histogram_does():
+    """Same observations, same buckets: the same samples (names, labels, values), edges
+    and the +Inf bucket included; and its children cost no label lookup."""
+    import random
+
+    buckets = (5e-6, 1e-5, 5e-5, 1e-3, 0.25)
+    ours, theirs = prometheus_client.CollectorRegistry(), prometheus_client.CollectorRegistry()
+    fast = telemetry.LoopHistogram("h_seconds", "doc", ["stage"], buckets, ours)
+    slow = prometheus_client.Histogram("h_seconds", "doc", ["stage"], buckets=buckets,
+                                       registry=theirs)
+    rng = random.Random(1)
+    values = [0.0, 5e-6, 1e-5, 1e-3, 0.25, 0.3, 7.0] + [rng.expovariate(2e4) for _ in range(500)]
+    for k, v in enumerate(values):
+        stage = ("a", "b")[k % 2]
+        fast.labels(stage).observe(v)
+        slow.labels(stage).observe(v)
+
+    def samples(registry):
+        return sorted((s.name, tuple(sorted(s.labels.items())), round(s.value, 12))
+                      for m in registry.collect() for s in m.samples
+                      if not s.name.endswith("_created"))
+
+    assert samples(ours) == samples(theirs)
+    assert fast.labels("a") is fast.labels("a")
+    with pytest.raises(ValueError, match="1 labels"):
+        fast.labels("a", "b")
 
 
 def test_forget_endpoint_drops_every_series_of_that_endpoint_only():

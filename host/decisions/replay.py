@@ -410,7 +410,8 @@ class Replayer:
         pool = PoolSnapshot(
             snapshot=snap, encoded=rec.encoded, info=info,
             fresh=tuple(i for i, e in enumerate(info) if e.fresh),
-            restricted=any(e.models is not None or e.adapters is not None for e in info))
+            restricted=any(e.models is not None or e.adapters is not None for e in info),
+            addresses=tuple(e.address for e in snap.endpoints))
         running = {e.address: e.running_adapters for e in snap.endpoints}
         self._snapshots[rec.version] = (pool, running)
         if len(self._snapshots) > 64:

@@ -77,8 +77,12 @@ class Cycle:
         if got is None:
             got = ((), ())
             if self.assignments:
-                eps = self.pool.snapshot.endpoints
-                got = self.assignments.of([eps[i].address for i in candidates])
+                pool = self.pool
+                addresses = pool.addresses
+                # Usually every endpoint, in order: then the precomputed tuple will do.
+                if not (len(candidates) == len(addresses) and candidates == pool.fresh):
+                    addresses = [addresses[i] for i in candidates]
+                got = self.assignments.of(addresses)
             self._assigned[candidates] = got
         return got
 

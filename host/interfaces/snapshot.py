@@ -8,7 +8,7 @@ pool no longer builds a scheduler type.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epick import abi
 
@@ -48,6 +48,12 @@ class PoolSnapshot:
     """Some endpoint serves only listed models or adapters."""
     any_sleeping: bool = False
     """Some endpoint is asleep (the awake filter's fast path)."""
+    addresses: tuple[str, ...] = ()
+    """``snapshot.endpoints[i].address`` for every i (read per pick: precomputed)."""
+    serving: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict,
+                                                             compare=False, repr=False)
+    """The serves-model filter's answers for all endpoints, per (model, adapter), filled as
+    requests ask (this snapshot never changes, so neither do they)."""
 
     @property
     def version(self) -> int:
@@ -70,4 +76,5 @@ class PoolSnapshot:
             fresh=tuple(i for i, e in enumerate(info) if e.fresh),
             restricted=any(e.models is not None or e.adapters is not None for e in info),
             any_sleeping=any(e.sleeping for e in info),
+            addresses=tuple(e.address for e in snapshot.endpoints),
         )

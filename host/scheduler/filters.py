@@ -40,16 +40,35 @@ class AwakeFilter:
         return tuple(i for i in candidates if not info[i].sleeping)
 
 
+#: (model, adapter) answers a snapshot keeps: requests name what they like, memory must not.
+_MAX_CACHED = 1024
+
+
 class ServesModelFilter:
     """Keep endpoints that serve the model and adapter (pinned by config or engine-reported)."""
 
     name = "serves-model"
 
     def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
-        if not cycle.pool.restricted:
+        pool = cycle.pool
+        if not pool.restricted:
             return candidates
-        info = cycle.pool.info
         model, adapter = cycle.request.model, cycle.request.adapter
+        # The usual case: the fresh filter's precomputed tuple, untouched by the awake
+        # filter, so the answer depends only on the snapshot and (model, adapter).
+        every = candidates is pool.fresh
+        if every:
+            kept = pool.serving.get((model, adapter))
+            if kept is not None:
+                return kept
+        kept = self._serving(pool.info, candidates, model, adapter)
+        if every and len(pool.serving) < _MAX_CACHED:
+            pool.serving[(model, adapter)] = kept
+        return kept
+
+    @staticmethod
+    def _serving(info, candidates: tuple[int, ...], model: str,
+                 adapter: str) -> tuple[int, ...]:
         kept = []
         for i in candidates:
             e = info[i]

@@ -49,6 +49,36 @@ def test_serves_model_keeps_endpoints_that_serve_model_and_adapter(model, adapte
     assert ServesModelFilter().filter(c, ALL) == kept
 
 
+def test_serves_model_answers_each_model_and_adapter_once_per_snapshot():
+    """On the fresh filter's own tuple the answer is kept per (model, adapter) in the
+    snapshot: asked again, in any order, every pair still gets its own answer; a
+    candidate list that is not that tuple is always filtered afresh."""
+    info = (EndpointInfo(), EndpointInfo(models=frozenset({"m"}), adapters=frozenset({"chat"})),
+            EndpointInfo(models=frozenset({"m"}), adapters=frozenset()),
+            EndpointInfo(fresh=False))
+    base = cycle(*info)
+    pool = base.pool
+    expected = {("m", ""): (0, 1, 2), ("m", "sql"): (0,), ("m", "chat"): (0, 1),
+                ("other", ""): (0,)}
+    for _ in range(2):
+        for (model, adapter), kept in expected.items():
+            c = Cycle(pool=pool, request=abi.Request(model=model, adapter=adapter))
+            assert ServesModelFilter().filter(c, FreshFilter().filter(c, (0, 1, 2, 3))) == kept
+    assert set(pool.serving) == set(expected)
+    chat = Cycle(pool=pool, request=abi.Request(model="m", adapter="chat"))
+    assert ServesModelFilter().filter(chat, (2, 1)) == (1,)  # not the fresh tuple: afresh
+
+
+def test_serves_model_keeps_a_bounded_number_of_answers_per_snapshot():
+    from epick.scheduler import filters
+
+    c = cycle(EndpointInfo(), EndpointInfo(models=frozenset({"m"})))
+    for k in range(filters._MAX_CACHED + 50):  # noqa: SLF001
+        asked = Cycle(pool=c.pool, request=abi.Request(model=f"model-{k}"))
+        assert ServesModelFilter().filter(asked, c.pool.fresh) == (0,)
+    assert len(c.pool.serving) == filters._MAX_CACHED  # noqa: SLF001
+
+
 def test_serves_model_passes_everything_when_no_endpoint_is_restricted():
     c = cycle(EndpointInfo(), EndpointInfo(), EndpointInfo(), model="anything", adapter="x")
     assert ServesModelFilter().filter(c, (1, 0)) == (1, 0)
