@@ -90,6 +90,10 @@ class PoolConfig(_Table):
     scrape_in: Literal["process", "loop"] = "process"
     """Fetch and parse pages in a child process (the event loop stays free for picks)
     or on the event loop itself."""
+    scrape_worker_nice: Annotated[int, msgspec.Meta(ge=0, le=19)] = 10
+    """The scrape worker's niceness (``scrape_in = "process"``): on a busy machine the
+    kernel runs the picks first, and scraping still gets its share (a tenth of a core
+    beside one busy process at 10). 0 = the service's own priority."""
     endpoints: list[EndpointSpec] = []
 
     def __post_init__(self) -> None:

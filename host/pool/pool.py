@@ -3,8 +3,9 @@
 Concurrency (structured; trio/anyio style): :meth:`Pool.run` owns one task group holding
 one scrape loop per endpoint and, in its own body, the *round ticker*. Every
 ``scrape_interval_ms`` the ticker wakes each endpoint that is neither mid-fetch nor
-backing off, waits until they have all answered (or the interval is over — a hung
-endpoint never holds up the others), then publishes: it rebuilds the snapshot once if
+backing off (spread over half the interval, a group at a time), waits until they have
+all answered (or the interval is over — a hung endpoint never holds up the others),
+then publishes: it rebuilds the snapshot once if
 anything changed. So a rebuild is coalesced per round and never happens per request,
 and a staleness flip is noticed on the next tick even when no scrape succeeds.
 
@@ -49,6 +50,11 @@ MODELS_REFRESH_S = 10.0
 #: within about a second, and a dead one costs one connection attempt (and one log
 #: line) a second.
 MAX_BACKOFF_MS = 1000.0
+
+#: A round's wake-ups are spread over this share of the interval, in this many groups
+#: (Pool._round), so the answers reach the event loop a group at a time.
+SPREAD = 0.5
+SPREAD_SLOTS = 8
 
 #: Where pages are fetched and parsed: on the pool's event loop, or in a child process
 #: (:mod:`epick.pool.worker`) so that parsing never holds up a pick.
@@ -166,6 +172,8 @@ class Pool:
         ``"loop"``: fetch and parse on this event loop. ``"process"``: in a child process
         that :meth:`run` owns (:mod:`epick.pool.worker`); the loop then spends a few µs
         per scrape instead of the parse's few hundred.
+    worker_nice:
+        The worker's niceness (0-19), so that on a busy machine picks run first.
 
     Threading: :attr:`snapshot` may be read from any thread (one attribute read of an
     immutable object). Everything else must be called from the event loop thread that
@@ -183,6 +191,7 @@ class Pool:
         wall_clock: Callable[[], float] = time.time,
         on_scrape: Callable[[str], None] | None = None,
         scrape_in: Literal["loop", "process"] = "loop",
+        worker_nice: int = 0,
     ) -> None:
         if scrape_in not in SCRAPE_IN:
             raise ValueError(f"Pool scrape_in must be one of {SCRAPE_IN}, got {scrape_in!r}")
@@ -199,7 +208,7 @@ class Pool:
         self._clock = clock
         self._wall_clock = wall_clock
         self._on_scrape = on_scrape
-        self.worker = ScrapeWorker() if scrape_in == "process" else None
+        self.worker = ScrapeWorker(nice=worker_nice) if scrape_in == "process" else None
         """The child process that reads pages (``scrape_in="process"``), else ``None``."""
 
         self._endpoints: dict[str, _Endpoint] = {}
@@ -345,23 +354,46 @@ class Pool:
                 ep.busy, ep.scope, ep.wake = False, None, None
 
     async def _round(self, *, deadline: float | None) -> None:
-        """Wake every due endpoint, wait for them (at most until ``deadline``), publish."""
+        """Wake every due endpoint, wait for them (at most until ``deadline``), publish.
+
+        With a deadline the wake-ups are spread over the first :data:`SPREAD` of the
+        interval in :data:`SPREAD_SLOTS` groups: 64 answers handled back to back are
+        ~3 ms of the loop, and a pick arriving meanwhile waited behind all of them
+        (docs/performance.md); a group is an eighth of that. The first round (no
+        deadline) wakes everyone at once, to be ready soon.
+        """
         now = anyio.current_time()
         due = [ep for ep in self._endpoints.values() if not ep.busy and ep.not_before <= now]
         self._pending = set(due)
         self._round_done = done = anyio.Event()
-        for ep in due:
-            ep.busy = True
-            assert ep.wake is not None  # started in _start
-            ep.wake.set()
         if not due:
             done.set()
         if deadline is None:
+            self._wake(due)
             await done.wait()
         else:
             with anyio.move_on_after(deadline - now):
+                slots = min(SPREAD_SLOTS, len(due))
+                step = (deadline - now) * SPREAD / max(slots, 1)
+                try:
+                    for k in range(slots):
+                        if k:
+                            await anyio.sleep_until(now + k * step)
+                        self._wake(due[k::slots])
+                finally:  # the deadline came first: the rest wait for the next round
+                    for ep in due:
+                        if not ep.busy:
+                            self._pending.discard(ep)
+                    if not self._pending:
+                        done.set()
                 await done.wait()
         self._publish()
+
+    def _wake(self, eps: Sequence[_Endpoint]) -> None:
+        for ep in eps:
+            ep.busy = True
+            assert ep.wake is not None  # started in _start
+            ep.wake.set()
 
     def _start(self, ep: _Endpoint) -> None:
         assert self._tg is not None

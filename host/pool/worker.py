@@ -132,10 +132,12 @@ class ScrapeWorker:
     loop's cost per scrape. Structure stays anyio's: :meth:`run` is the owner.
     """
 
-    def __init__(self, command: list[str] | None = None) -> None:
+    def __init__(self, command: list[str] | None = None, *, nice: int = 0) -> None:
+        if not 0 <= nice <= 19:
+            raise ValueError(f"ScrapeWorker nice must be 0-19, got {nice!r}")
         # Not ``-m epick.pool.worker``: runpy would import this module twice.
         self._command = command or [sys.executable, "-c",
-                                    "from epick.pool.worker import main; main()"]
+                                    f"from epick.pool.worker import main; main(nice={nice})"]
         self._proc: asyncio.subprocess.Process | None = None
         self._calls: dict[int, _Call] = {}
         self._next_id = 0
@@ -357,8 +359,11 @@ async def _main() -> None:
     await _serve(reader, writer)
 
 
-def main() -> None:
+def main(nice: int = 0) -> None:
     logging.basicConfig(level=logging.WARNING, format="epick scrape worker: %(message)s")
+    if nice:
+        # Scraping is background work: where the cores are short, picks go first.
+        os.nice(nice)
     try:
         anyio.run(_main)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent decides

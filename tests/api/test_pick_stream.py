@@ -170,6 +170,19 @@ def test_a_client_that_stops_reading_stops_being_read(three):
     assert picks_answered() - before == total
 
 
+def test_a_stream_whose_client_is_done_sending_ends_after_every_answer(three):
+    """The client sends everything and half-closes while its answers wait unread (the
+    window full): the stream still ends, after all of them."""
+    svc, servers = three
+    from epick.api.picker import STREAM_WINDOW
+
+    total = 20 * STREAM_WINDOW
+    answers = svc.picker.PickStream(iter([pick_msg(i, seed=i) for i in range(total)]),
+                                    timeout=60)
+    time.sleep(1.0)  # the server fills its window and waits for the writer
+    assert [a.id for a in answers] == list(range(total))
+
+
 def test_a_client_leaving_mid_stream_is_no_error_and_the_service_keeps_serving(
         three, caplog):
     svc, servers = three

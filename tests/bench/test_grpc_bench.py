@@ -6,16 +6,23 @@ from epick.bench import grpc as bench
 def test_a_tiny_run_measures_every_setup_phase_and_ratio():
     setups = bench.measure(sizes=(2,), threads=2, streams=1, window=4, seconds=0.3, rounds=1,
                            settle_s=0.2)
-    assert [(s.endpoints, s.scrape_ms, s.scrape_in) for s in setups] == [
-        (2, 50, "process"), (2, bench.NO_SCRAPE_MS, "process"), (2, 50, "loop")]
+    assert [(s.endpoints, s.scrape_ms, s.scrape_in, s.floor) for s in setups] == [
+        (2, 50, "process", False), (2, bench.NO_SCRAPE_MS, "process", False),
+        (2, 50, "loop", False), (2, 50, "process", True)]
     for s in setups:
         assert set(s.phases) == {"seq_noop", "seq_pick", "par_noop", "par_pick", "stream_pick"}
         assert all(ph.calls > 0 and ph.rate > 0 for ph in s.phases.values()), s.name
         assert 0 < s.phases["seq_pick"].p50 <= s.phases["seq_pick"].p99
         median, mean = s.host_us["total"]
-        assert 0 < median and 0 < mean and {"filter", "score", "pick", "hooks"} <= set(s.host_us)
+        assert 0 < median and 0 < mean
+        stages = {"filter", "score", "pick", "hooks"}
+        # The floor's scheduler is stubbed: its picks pass no stage at all.
+        assert not stages & set(s.host_us) if s.floor else stages <= set(s.host_us), s.name
     whats = [r.what for r in bench.ratios(setups, (2,), threads=2)]
     assert whats == [
+        "floor: stubbed Pick ÷ no-op p50, 1 client, 2 endpoints",
+        "floor: stubbed Pick ÷ no-op p99, 1 client, 2 endpoints",
+        "floor: stubbed Pick ÷ no-op calls/s, 2 threads",
         "Pick ÷ no-op p50, 1 client, 2 endpoints",
         "Pick ÷ no-op p99, 1 client, 2 endpoints",
         "unary Pick ÷ no-op calls/s, 2 threads, 2 endpoints",

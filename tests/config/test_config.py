@@ -23,6 +23,7 @@ def test_a_minimal_config_gets_the_documented_defaults():
     assert c.server.listen == "127.0.0.1:9002"
     assert c.server.metrics_listen == "127.0.0.1:9090"
     assert c.pool.scrape_interval_ms == 50 and c.pool.stale_after_ms == 2000
+    assert c.pool.scrape_in == "process" and c.pool.scrape_worker_nice == 10
     assert c.admission.queue_threshold == 5 and c.admin.listen == "127.0.0.1:9003"
     assert c.runtime.budget_ms == 50.0 and c.runtime.memory_mb == 64
     assert c.runtime.fuel == 10_000_000
@@ -46,12 +47,15 @@ def test_a_minimal_config_gets_the_documented_defaults():
          "policy name 'x' is used twice"),
         ("version = 1\n[pool]\nscrape_interval_ms = 0",
          "Expected `int` >= 1 - at `$.pool.scrape_interval_ms`"),
+        ("version = 1\n[pool]\nscrape_worker_nice = 20",
+         "Expected `int` <= 19 - at `$.pool.scrape_worker_nice`"),
         ("version = 1\n[[pool.endpoints]]\naddress='a:1'\nengine='tgi'",
          "at `$.pool.endpoints[0].engine`"),
         ("version = = 1", "not valid TOML"),
     ],
     ids=["no-version", "future-version", "kv-range", "bad-listen", "typo", "dup-endpoint",
-         "negative-weight", "dup-policy", "zero-interval", "bad-engine", "not-toml"],
+         "negative-weight", "dup-policy", "zero-interval", "nice-range", "bad-engine",
+         "not-toml"],
 )
 def test_invalid_configs_name_the_source_and_the_path(text, message):
     with pytest.raises(config.ConfigError) as info:

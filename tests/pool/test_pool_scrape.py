@@ -136,6 +136,30 @@ async def test_a_hung_endpoint_does_not_hold_up_the_others(fake_vllm, fake_clock
         slow.hang = False
 
 
+async def test_a_round_spreads_its_wake_ups_over_half_the_interval(fake_vllm, fake_clock):
+    """After the first round, a round's scrapes do not all start at once: they go out a
+    group at a time over half the interval, so their answers reach the loop spread out
+    (a pick never waits behind the whole round). Only lower bounds on time: a busy
+    machine can only spread them more."""
+    from epick.pool.pool import SPREAD, SPREAD_SLOTS
+
+    servers = [fake_vllm() for _ in range(16)]
+    done: list[tuple[str, float]] = []
+    interval_ms = 400
+    pool = make_pool(servers, fake_clock, scrape_interval_ms=interval_ms,
+                     on_scrape=lambda address: done.append((address, anyio.current_time())))
+    async with running(pool):
+        await eventually(lambda: len(done) >= 16 * 3, timeout=20.0)
+    rounds = [done[k * 16:(k + 1) * 16] for k in range(3)]
+    assert all(len({a for a, _ in r}) == 16 for r in rounds)  # everyone, once a round
+    first = max(t for _, t in rounds[0]) - min(t for _, t in rounds[0])
+    step = interval_ms / 1000 * SPREAD / SPREAD_SLOTS
+    for later in rounds[1:]:
+        span = max(t for _, t in later) - min(t for _, t in later)
+        # The first and the last of 8 groups start 7 steps apart.
+        assert span >= 0.8 * (SPREAD_SLOTS - 1) * step, (span, first)
+
+
 # --- rebuilds -----------------------------------------------------------------------
 
 

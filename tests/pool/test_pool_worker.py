@@ -92,6 +92,22 @@ async def test_stopping_the_pool_stops_the_worker(fake_vllm):
     assert proc.returncode is not None  # reaped, not orphaned
 
 
+async def test_the_worker_runs_at_the_niceness_it_was_given(fake_vllm):
+    """Scraping yields the cores to picks: the child's niceness is the service's + 10."""
+    server = fake_vllm(open(FIXTURES / "vllm_busy_deferred.txt").read())
+    pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
+                scrape_in="process", worker_nice=10)
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        await eventually(lambda: pool.snapshot.snapshot.endpoints[0].running > 0
+                         if pool.snapshot.snapshot.endpoints else False)
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, pool.worker.pid) == min(19, ours + 10)
+        tg.cancel_scope.cancel()
+    with pytest.raises(ValueError, match="nice must be 0-19"):
+        ScrapeWorker(nice=20)
+
+
 def test_scrape_in_must_be_loop_or_process():
     with pytest.raises(ValueError, match="scrape_in must be one of"):
         Pool([], scrape_in="thread")
