@@ -58,6 +58,18 @@ class Cycle:
     ``prefix_blocks``/``prefix_matched`` stay empty."""
     _kv: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] = field(
         default_factory=dict)
+    _pre: tuple[tuple[str, int], bytes] | None = None
+
+    def pre_request_input(self, endpoint: str, timestamp_ms: int) -> bytes:
+        """The msgpack ``PreRequestEvent`` for the picked ``endpoint`` (one encoding for
+        every policy's hook; ``timestamp_ms`` is ``now_ms`` when stamped)."""
+        key = (endpoint, timestamp_ms)
+        got = self._pre
+        if got is None or got[0] != key:
+            blob = abi.encoder.encode(abi.PreRequestEvent(
+                request=self.request, endpoint=endpoint, timestamp_ms=timestamp_ms))
+            got = self._pre = (key, blob)
+        return got[1]
 
     def kv_counts(self, candidates: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``(prefix_blocks, prefix_matched)`` per candidate (cached per cycle)."""

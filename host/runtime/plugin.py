@@ -281,9 +281,8 @@ class WasmPolicy:
     def pre_request(self, cycle: Cycle, endpoint: str) -> None:
         """Tell the policy ``endpoint`` was picked for ``cycle.request`` (stamped with the
         cycle's ``now_ms``, else ``now_ms()``)."""
-        event = abi.PreRequestEvent(request=cycle.request, endpoint=endpoint,
-                                    timestamp_ms=cycle.now_ms or self._now_ms())
-        self._hook("pre_request", _encode(event))
+        self._hook("pre_request",
+                   cycle.pre_request_input(endpoint, cycle.now_ms or self._now_ms()))
 
     def post_response(self, event: abi.PostResponseEvent) -> None:
         """Tell the policy a request finished."""

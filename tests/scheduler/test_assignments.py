@@ -64,3 +64,18 @@ def test_policies_receive_the_counts_parallel_to_the_candidates():
     cycle = Cycle(pool=p, request=abi.Request(model="m"), assignments=s.assignments)
     decoded = msgspec.msgpack.decode(cycle.score_input((1, 0), inline_snapshot=False))
     assert decoded[2:] == [[1, 0], [2, 0], [2, 0], [], []]
+
+
+def test_every_policy_hook_of_a_cycle_gets_one_encoding_of_the_pick():
+    """pre_request's event is encoded once per cycle and endpoint, and says what it must."""
+    from epick.interfaces import Cycle
+
+    p = pool()
+    cycle = Cycle(pool=p, request=abi.Request(model="m", prompt="hi"), now_ms=1234)
+    first = cycle.pre_request_input("e1:8000", 1234)
+    assert cycle.pre_request_input("e1:8000", 1234) is first  # the second hook: no encoding
+    event = msgspec.msgpack.decode(first, type=abi.PreRequestEvent)
+    assert (event.endpoint, event.timestamp_ms, event.request.prompt) == ("e1:8000", 1234, "hi")
+    other = msgspec.msgpack.decode(cycle.pre_request_input("e0:8000", 99),
+                                   type=abi.PreRequestEvent)
+    assert (other.endpoint, other.timestamp_ms) == ("e0:8000", 99)
