@@ -26,3 +26,10 @@ def test_python_and_wasm_policies_pick_the_same_endpoints():
     assert isinstance(pick.python_policies().get("load").plugin, PyLoad)
     assert {type(e.plugin) for e in pick.python_policies().entries} == {
         PyLoad, PyLoraAffinity, PyPrefixCache}
+
+
+def test_the_service_answer_bench_times_every_pick_of_a_real_service():
+    from epick.bench.answer import measure
+
+    lat = measure(endpoints=2, picks=40, rounds=2)
+    assert len(lat) == 80 and all(x > 0 for x in lat)
