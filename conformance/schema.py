@@ -147,6 +147,10 @@ class Check(_Table, tag_field="event", tag="check", kw_only=True):
 
     request: Request = Request()
     candidates: tuple[NonNegInt, ...] | None = None
+    prefix_blocks: tuple[NonNegInt, ...] = ()
+    """Per candidate, as the case's own (ScoreInput.prefix_blocks); () = not computed."""
+    prefix_matched: tuple[Annotated[int, msgspec.Meta(ge=-1)], ...] = ()
+    """Per candidate, as the case's own (ScoreInput.prefix_matched); () = all -1."""
     expect: Expect
 
 
@@ -347,6 +351,11 @@ class Case(_Table, kw_only=True):
             if isinstance(step, Check):
                 k = len(step.candidates) if step.candidates is not None else n_endpoints
                 _check_expect(f"case {self.name!r}: steps[{i}]", step.expect, k)
+                for field_name in ("prefix_blocks", "prefix_matched"):
+                    given = getattr(step, field_name)
+                    if given and len(given) != k:
+                        raise ValueError(f"case {self.name!r}: steps[{i}]: {field_name} has "
+                                         f"{len(given)} values for {k} candidates")
         if self.stats is not None:
             _check_counts(f"case {self.name!r}: stats", self.stats, n)
         h = self.host

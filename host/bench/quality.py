@@ -233,6 +233,12 @@ RESTART_RATES = (10.0, 20.0, 30.0)
 RESTART_RATES_QUICK = (20.0, 30.0)
 RESTART_WINDOW_S = 2.0
 RESTART_WINDOWS = 4
+#: The finer view of the same recovery (2 s windows all read "recovered after 2 s"): 0.5 s
+#: windows over the same 8 s, and the prefix-cache hits lost in the 4 s after the restart
+#: (1 - cached tokens / (the hit rate before × prompt tokens); 0 = nothing lost).
+RESTART_FINE_WINDOW_S = 0.5
+RESTART_FINE_WINDOWS = 16
+RESTART_LOST_S = 4.0
 
 
 WORKLOADS = ("multi-lora", "shared-prefix", "zero-hit")
@@ -307,7 +313,11 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
                                      f"{RESTART_WINDOW_S:g} s after: {after}; recovered after "
                                      f"{row['recovery_s'][-1]} s; TTFT p90 of the "
                                      f"{2 * RESTART_WINDOW_S:g} s after "
-                                     f"{row['ttft_p90_after_restart_s'][-1]:.3f} s")
+                                     f"{row['ttft_p90_after_restart_s'][-1]:.3f} s; per "
+                                 f"{RESTART_FINE_WINDOW_S:g} s recovered after "
+                                 f"{row['recovery_fine_s'][-1]} s, hits lost in the "
+                                 f"{RESTART_LOST_S:g} s after "
+                                 f"{row['hit_lost_after_restart'][-1]:.2f}")
             out["workloads"][wname] = per_router
     return out
 
@@ -320,20 +330,31 @@ def _restart_stats(row: dict, records, restart_t: float) -> None:
 
     from epick.bench.kvsim import windowed_hit_rates
 
-    n = RESTART_WINDOWS
     before = windowed_hit_rates(records, restart_t - 2 * RESTART_WINDOW_S, 2 * RESTART_WINDOW_S, 1)[0]
-    after = windowed_hit_rates(records, restart_t, RESTART_WINDOW_S, n)
+    after = windowed_hit_rates(records, restart_t, RESTART_WINDOW_S, RESTART_WINDOWS)
+    fine = windowed_hit_rates(records, restart_t, RESTART_FINE_WINDOW_S, RESTART_FINE_WINDOWS)
     soon = [r.ttft_s for r in records if restart_t <= r.arrival_s < restart_t + 2 * RESTART_WINDOW_S]
     row.setdefault("ttft_p90_after_restart_s", []).append(
         float(np.percentile(soon, 90)) if soon else float("nan"))
-    recovered = None
-    for k in range(n):
-        if all(not v < 0.9 * before for v in after[k:]):  # NaN (an empty window) passes
-            recovered = (k + 1) * RESTART_WINDOW_S
-            break
     row.setdefault("hit_rate_before_restart", []).append(before)
     row.setdefault("hit_rate_after_restart", []).append(after)
-    row.setdefault("recovery_s", []).append(recovered)
+    row.setdefault("recovery_s", []).append(_recovered(after, before, RESTART_WINDOW_S))
+    row.setdefault("hit_rate_after_restart_fine", []).append(fine)
+    row.setdefault("recovery_fine_s", []).append(_recovered(fine, before, RESTART_FINE_WINDOW_S))
+    lost = [r for r in records if restart_t <= r.arrival_s < restart_t + RESTART_LOST_S]
+    expected = before * sum(r.prompt_tokens for r in lost)
+    row.setdefault("hit_lost_after_restart", []).append(
+        1 - sum(max(r.cached_tokens, 0) for r in lost) / expected if expected > 0
+        else float("nan"))
+
+
+def _recovered(after: list[float], before: float, window_s: float) -> float | None:
+    """The end of the first window from which every later one is back to at least 90%
+    of ``before``; None = not within the windows."""
+    for k in range(len(after)):
+        if all(not v < 0.9 * before for v in after[k:]):  # NaN (an empty window) passes
+            return (k + 1) * window_s
+    return None
 
 
 def run_trace(paths, changes=None, *, routers=("round-robin", "least-queue"), seed: int = 1,
@@ -446,7 +467,7 @@ def plot(results: dict, folder: Path) -> list[Path]:
 SWEPT = ("ttft_p90_s", "throughput_tok_s", "adapter_loads", "hit_rate")
 #: Swept where a workload has them (prefix-restart): None (not recovered) counts as inf.
 SWEPT_IF_PRESENT = ("kv_evictions", "recovery_s", "hit_rate_before_restart",
-                    "ttft_p90_after_restart_s")
+                    "ttft_p90_after_restart_s", "recovery_fine_s", "hit_lost_after_restart")
 
 
 def sweep_seeds(seeds, **kw) -> dict:
@@ -466,10 +487,11 @@ def sweep_seeds(seeds, **kw) -> dict:
                 per_rate = []
                 for k in range(len(row["rate"])):
                     values = [runs[s]["workloads"][wname][router][metric][k] for s in runs]
-                    if metric == "recovery_s":
+                    if metric in ("recovery_s", "recovery_fine_s"):
                         values = [float("inf") if v is None else v for v in values]
                     worst = (max if metric in ("ttft_p90_s", "adapter_loads", "kv_evictions",
-                                               "recovery_s", "ttft_p90_after_restart_s")
+                                               "recovery_s", "ttft_p90_after_restart_s",
+                                               "recovery_fine_s", "hit_lost_after_restart")
                              else min)(values)
                     per_rate.append({"values": values, "median": statistics.median(values),
                                      "worst": worst})
@@ -499,6 +521,11 @@ def seed_table(results: dict) -> list[str]:
                     extra += (f"  hit before restart {pre['median']:.2f}  recovered after "
                               f"{rec['median']:g} s ({rec['worst']:g})  TTFT p90 after "
                               f"{after['median']:.3f} ({after['worst']:.3f})")
+                if "recovery_fine_s" in cell:
+                    fine, lost = cell["recovery_fine_s"][k], cell["hit_lost_after_restart"][k]
+                    extra += (f"  per {RESTART_FINE_WINDOW_S:g} s: recovered after "
+                              f"{fine['median']:g} s ({fine['worst']:g})  hits lost in "
+                              f"{RESTART_LOST_S:g} s {lost['median']:.2f} ({lost['worst']:.2f})")
                 lines.append(
                     f"{router:16} {rate:>6g} {p90['median']:>9.3f} ({p90['worst']:.3f})"
                     f" {tok['median']:>9.0f} ({tok['worst']:.0f})"

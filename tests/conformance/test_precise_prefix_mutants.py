@@ -40,6 +40,22 @@ MUTANTS = {
         "endpoint 0 (e0:8000) expected 0 (events: 0 of 2 (the pick is 10 s old, the estimate's "
         "2/2 is not used) -> 0), got 1",
     ),
+    "no-cold-spread": (
+        [("o.* = if (busy) 0 else cold_spread;", "o.* = if (busy) 0 else 0;")],
+        "precise/cold-spread",
+        "endpoint 1 (e1:8000) expected 0.25 (cold: e1's was 600 ms ago -> cold_spread), got 0",
+    ),
+    "cold-picks-not-marked": (
+        [("if (cold) gop.value_ptr.*.cold_ms = ev.timestamp_ms;", "")],
+        "precise/cold-spread",
+        "endpoint 0 (e0:8000) expected 0 (cold: e0 got a cold request 300 ms ago (< 500) -> 0), "
+        "got 0.25",
+    ),
+    "cold-spread-when-warm": (
+        [("if (cold_spread_ms == 0 or warm or", "if (cold_spread_ms == 0 or")],
+        "precise/warm-is-not-spread",
+        "endpoint 0 (e0:8000) expected 0 (events: 0 of 2), got 0.25",
+    ),
     "unbounded-by-load": (
         [("if (max_imbalance >= 0 and ctx.work(i) - min_work > max_imbalance) {",
           "if (max_imbalance >= 0 and ctx.work(i) - min_work > 2 * max_imbalance) {")],

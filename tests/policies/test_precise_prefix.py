@@ -47,7 +47,8 @@ def test_without_counts_it_scores_exactly_as_prefix_cache(policy):
 
 
 def test_minus_one_falls_back_per_candidate(policy):
-    inst = policy("precise-prefix", block_size=4, recent_ttl_ms=0)  # events alone where given
+    # events alone where given (no recent picks, no cold spread)
+    inst = policy("precise-prefix", block_size=4, recent_ttl_ms=0, cold_spread_ms=0)
     s = snap([ep("a:1"), ep("b:1")])
     inst.pre_request(pre("a:1", model="m", prompt="aaaabbbb"))
     assert score(inst, s, "aaaabbbb", blocks=(5, 5), matched=(-1, -1)) == [1.0, 0.0]
@@ -94,7 +95,7 @@ def test_recent_picks_stay_bounded_per_endpoint(policy):
     from policy_payloads import memory_bytes
 
     inst = policy("precise-prefix", block_size=4, recent_blocks=64, recent_ttl_ms=3_600_000,
-                  lru_capacity=64)
+                  lru_capacity=64, cold_spread_ms=0)
     s = snap([ep("a:1")])
     score(inst, s, "x")
     for i in range(200):
