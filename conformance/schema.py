@@ -320,13 +320,17 @@ class Case(_Table, kw_only=True):
     prefix_matched: tuple[Annotated[int, msgspec.Meta(ge=-1)], ...] = ()
     """Per candidate: leading blocks its KV events say it holds, -1 = no stream
     (ScoreInput.prefix_matched); () = all -1."""
+    prefix_cleared_ms: tuple[NonNegInt, ...] = ()
+    """Per candidate: when its engine last emptied its cache, 0 = never
+    (ScoreInput.prefix_cleared_ms); () = all 0."""
     expect: Expect | None = None
     stats: Stats | None = None
     host: Host | None = None
 
     def __post_init__(self) -> None:
         n_endpoints = len(self.snapshot.endpoints)
-        for field_name in ("in_flight", "picked_since_scrape", "prefix_blocks", "prefix_matched"):
+        for field_name in ("in_flight", "picked_since_scrape", "prefix_blocks", "prefix_matched",
+                           "prefix_cleared_ms"):
             given = getattr(self, field_name)
             if given and len(given) != len(self.candidate_indices):
                 raise ValueError(
@@ -400,8 +404,9 @@ class Case(_Table, kw_only=True):
     @property
     def assigned(self) -> tuple[tuple[int, ...], ...]:
         """The host's per-candidate counts: (in_flight, picked_since_scrape,
-        prefix_blocks, prefix_matched)."""
-        return self.in_flight, self.picked_since_scrape, self.prefix_blocks, self.prefix_matched
+        prefix_blocks, prefix_matched, prefix_cleared_ms)."""
+        return (self.in_flight, self.picked_since_scrape, self.prefix_blocks, self.prefix_matched,
+                self.prefix_cleared_ms)
 
     @property
     def candidate_indices(self) -> tuple[int, ...]:

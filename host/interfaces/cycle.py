@@ -34,6 +34,12 @@ class KvCounts(Protocol):
     def counts(self, request: abi.Request, endpoints: Sequence[abi.EndpointMetrics],
                candidates: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
 
+    def cleared(self, endpoints: Sequence[abi.EndpointMetrics],
+                candidates: Sequence[int]) -> tuple[int, ...]:
+        """Per candidate: Unix ms its engine last emptied its cache, 0 = never
+        (``ScoreInput.prefix_cleared_ms``). Optional: a seam without it sends none."""
+        ...
+
 
 @dataclass(slots=True)
 class Cycle:
@@ -69,6 +75,13 @@ class Cycle:
                 self.request, self.pool.snapshot.endpoints, candidates)
         return got
 
+    def kv_cleared(self, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        """``prefix_cleared_ms`` per candidate; empty when KV events are off."""
+        cleared = getattr(self.kv, "cleared", None)
+        if cleared is None:
+            return ()
+        return cleared(self.pool.snapshot.endpoints, candidates)
+
     def assigned(self, candidates: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``(in_flight, picked_since_scrape)`` per candidate as the policies see them
         (cached per cycle, so a decision log records what they saw, not the counts after
@@ -102,6 +115,7 @@ class Cycle:
                     picked_since_scrape=since,
                     prefix_blocks=blocks,
                     prefix_matched=matched,
+                    prefix_cleared_ms=self.kv_cleared(candidates),
                 )
             )
             self._inputs[key] = blob

@@ -141,7 +141,8 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
             o.* = if (blocks == 0) 0 else @as(f64, @floatFromInt(m)) / @as(f64, @floatFromInt(blocks));
             if (h.len > 0 and recent_ttl_ms > 0) {
                 if (recent.get(ctx.endpoint(i).address)) |r| {
-                    const since = ctx.snapshot.timestamp_ms -| recent_ttl_ms;
+                    // Picks made before its engine last emptied its cache are void.
+                    const since = @max(ctx.snapshot.timestamp_ms -| recent_ttl_ms, clearedAt(ctx, i));
                     const share = @as(f64, @floatFromInt(r.recent.matched(h, since))) / @as(f64, @floatFromInt(h.len));
                     o.* = @max(o.*, share);
                 }
@@ -159,9 +160,14 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
     for (out, 0..) |*o, i| {
         if (max_imbalance >= 0 and ctx.work(i) - min_work > max_imbalance) continue;
         if (ctx.prefixMatched(i) == null) continue;
-        const busy = if (recent.get(ctx.endpoint(i).address)) |r| r.cold_ms >= since else false;
+        const busy = if (recent.get(ctx.endpoint(i).address)) |r| r.cold_ms >= @max(since, clearedAt(ctx, i)) else false;
         o.* = if (busy) 0 else cold_spread;
     }
+}
+
+/// When candidate i's engine last emptied its cache (host ms; minInt = never).
+fn clearedAt(ctx: *const sdk.ScoreCtx, i: usize) i64 {
+    return ctx.prefixClearedMs(i) orelse std.math.minInt(i64);
 }
 
 fn requestKey(q: *const sdk.Request) u64 {

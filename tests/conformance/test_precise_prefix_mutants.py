@@ -34,8 +34,8 @@ MUTANTS = {
         "estimate blocks -> max(0/6, 2/3)), got 0",
     ),
     "recent-picks-never-expire": (
-        [("const since = ctx.snapshot.timestamp_ms -| recent_ttl_ms;",
-          "const since = ctx.snapshot.timestamp_ms -| 1000 * recent_ttl_ms;")],
+        [("@max(ctx.snapshot.timestamp_ms -| recent_ttl_ms, clearedAt(ctx, i))",
+          "@max(ctx.snapshot.timestamp_ms -| 1000 * recent_ttl_ms, clearedAt(ctx, i))")],
         "precise/events-overrule-the-estimate",
         "endpoint 0 (e0:8000) expected 0 (events: 0 of 2 (the pick is 10 s old, the estimate's "
         "2/2 is not used) -> 0), got 1",
@@ -55,6 +55,19 @@ MUTANTS = {
         [("if (cold_spread_ms == 0 or warm or", "if (cold_spread_ms == 0 or")],
         "precise/warm-is-not-spread",
         "endpoint 0 (e0:8000) expected 0 (events: 0 of 2), got 0.25",
+    ),
+    "recent-picks-survive-a-clear": (
+        [("@max(ctx.snapshot.timestamp_ms -| recent_ttl_ms, clearedAt(ctx, i))",
+          "ctx.snapshot.timestamp_ms -| recent_ttl_ms")],
+        "precise/a-clear-voids-earlier-picks",
+        "endpoint 0 (e0:8000) expected 0 (picked at 9500, its engine emptied its cache at "
+        "9600: the pick is void; events 0 of 2), got 1",
+    ),
+    "cold-busy-survives-a-clear": (
+        [("r.cold_ms >= @max(since, clearedAt(ctx, i))", "r.cold_ms >= since")],
+        "precise/a-clear-ends-a-cold-prefill",
+        "endpoint 0 (e0:8000) expected 0.25 (its cold request at 9700 was aborted by the "
+        "clear at 9800 -> cold_spread), got 0",
     ),
     "unbounded-by-load": (
         [("if (max_imbalance >= 0 and ctx.work(i) - min_work > max_imbalance) {",
