@@ -18,7 +18,8 @@ Precise prefix routing (issue 16): the router ``epick-precise`` is epick with th
 index fed by the simulated replicas' own KV-cache events (``epick.bench.kvsim``;
 ``--kv-delay-ms`` after each step). Its workloads, opt-in: prefix-pressure (shared
 prefixes on small KV caches: evictions) and prefix-restart (one replica restarts mid-run;
-hit rate per window after it, and how long it takes to get back). E.g.
+hit rate per window after it, and how long it takes to get back — also against the same
+run without the restart, which each point runs too). E.g.
 ``--workloads prefix-pressure,prefix-restart --routers round-robin,epick,epick-precise``.
 
 With ``--trace LOG`` the workload is a recorded decision log instead (arrival times,
