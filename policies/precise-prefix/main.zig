@@ -73,7 +73,8 @@ var recent_blocks: u32 = 2048;
 var cold_spread_ms: i64 = 500;
 var cold_spread: f64 = 0.25;
 /// The last scored request when it was cold (its id and prompt hashed), else null: its
-/// pick (pre_request) then stamps the endpoint's `cold_ms`.
+/// pick (pre_request) then stamps the endpoint's `cold_ms`. Another request scored in
+/// between (concurrent picks) drops the mark: the spread is only weaker then.
 var cold_request: ?u64 = null;
 var est: sdk.prefix.Estimator(name) = .{};
 /// What the policy remembers of its own picks on one endpoint.
