@@ -110,13 +110,14 @@ class Driver:
                     assigned: tuple[tuple[int, ...], ...] = ((), ())) -> bytes:
         """The ``ScoreInput`` bytes for ``snap`` — delivering it first when resident.
 
-        ``assigned`` = (in_flight, picked_since_scrape[, prefix_blocks, prefix_matched])
-        per candidate (empty = the ABI defaults).
+        ``assigned`` = (in_flight, picked_since_scrape[, prefix_blocks, prefix_matched[,
+        prefix_cleared_ms]]) per candidate (empty = the ABI defaults).
         """
         candidates = tuple(candidates)
-        in_flight, since, blocks, matched = (*assigned, (), ())[:4]
+        in_flight, since, blocks, matched, cleared = (*assigned, (), (), ())[:5]
         counts = {"in_flight": in_flight, "picked_since_scrape": since,
-                  "prefix_blocks": blocks, "prefix_matched": matched}
+                  "prefix_blocks": blocks, "prefix_matched": matched,
+                  "prefix_cleared_ms": cleared}
         if self.resident:
             if self._snapshot is not snap:
                 self.snapshot(snap)

@@ -109,7 +109,8 @@ def _run_steps(driver: Driver, case: Case, snap: abi.Snapshot) -> tuple[list[str
                     range(len(snap.endpoints)))
                 request = to_abi_request(step.request)
                 call = driver.score if step.expect.call == "score" else driver.filter
-                got = call(snap, request, cands)
+                got = call(snap, request, cands,
+                           ((), (), step.prefix_blocks, step.prefix_matched))
                 diffs += [f"{where}: {d}" for d in _compare_expect(
                     step.expect, got, cands, snap, lambda p, e=step.expect: _why_of(e, p))]
             elif isinstance(step, Pick):

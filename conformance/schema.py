@@ -147,6 +147,10 @@ class Check(_Table, tag_field="event", tag="check", kw_only=True):
 
     request: Request = Request()
     candidates: tuple[NonNegInt, ...] | None = None
+    prefix_blocks: tuple[NonNegInt, ...] = ()
+    """Per candidate, as the case's own (ScoreInput.prefix_blocks); () = not computed."""
+    prefix_matched: tuple[Annotated[int, msgspec.Meta(ge=-1)], ...] = ()
+    """Per candidate, as the case's own (ScoreInput.prefix_matched); () = all -1."""
     expect: Expect
 
 
@@ -316,13 +320,17 @@ class Case(_Table, kw_only=True):
     prefix_matched: tuple[Annotated[int, msgspec.Meta(ge=-1)], ...] = ()
     """Per candidate: leading blocks its KV events say it holds, -1 = no stream
     (ScoreInput.prefix_matched); () = all -1."""
+    prefix_cleared_ms: tuple[NonNegInt, ...] = ()
+    """Per candidate: when its engine last emptied its cache, 0 = never
+    (ScoreInput.prefix_cleared_ms); () = all 0."""
     expect: Expect | None = None
     stats: Stats | None = None
     host: Host | None = None
 
     def __post_init__(self) -> None:
         n_endpoints = len(self.snapshot.endpoints)
-        for field_name in ("in_flight", "picked_since_scrape", "prefix_blocks", "prefix_matched"):
+        for field_name in ("in_flight", "picked_since_scrape", "prefix_blocks", "prefix_matched",
+                           "prefix_cleared_ms"):
             given = getattr(self, field_name)
             if given and len(given) != len(self.candidate_indices):
                 raise ValueError(
@@ -347,6 +355,11 @@ class Case(_Table, kw_only=True):
             if isinstance(step, Check):
                 k = len(step.candidates) if step.candidates is not None else n_endpoints
                 _check_expect(f"case {self.name!r}: steps[{i}]", step.expect, k)
+                for field_name in ("prefix_blocks", "prefix_matched"):
+                    given = getattr(step, field_name)
+                    if given and len(given) != k:
+                        raise ValueError(f"case {self.name!r}: steps[{i}]: {field_name} has "
+                                         f"{len(given)} values for {k} candidates")
         if self.stats is not None:
             _check_counts(f"case {self.name!r}: stats", self.stats, n)
         h = self.host
@@ -391,8 +404,9 @@ class Case(_Table, kw_only=True):
     @property
     def assigned(self) -> tuple[tuple[int, ...], ...]:
         """The host's per-candidate counts: (in_flight, picked_since_scrape,
-        prefix_blocks, prefix_matched)."""
-        return self.in_flight, self.picked_since_scrape, self.prefix_blocks, self.prefix_matched
+        prefix_blocks, prefix_matched, prefix_cleared_ms)."""
+        return (self.in_flight, self.picked_since_scrape, self.prefix_blocks, self.prefix_matched,
+                self.prefix_cleared_ms)
 
     @property
     def candidate_indices(self) -> tuple[int, ...]:

@@ -128,6 +128,11 @@ class ScoreInput(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     """Per candidate: leading request blocks the endpoint's own KV-cache events say it holds;
     -1 = no event stream or its index is uncertain (policies fall back to an estimate).
     Empty = all -1."""
+    prefix_cleared_ms: tuple[int, ...] = ()
+    """Per candidate: Unix ms (the host's clock, as ``Snapshot.timestamp_ms`` and
+    ``PreRequestEvent.timestamp_ms``) when that endpoint's KV index was last emptied —
+    ``AllBlocksCleared``, an engine restart, a rebuild after a gap — so a policy can drop
+    what it believed about it before; 0 = never. Empty = all 0."""
 
 
 class PreRequestEvent(msgspec.Struct, array_like=True, frozen=True, kw_only=True):

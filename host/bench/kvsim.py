@@ -16,6 +16,10 @@ The bench hands it to the scheduler through its KV seam (``Scheduler.kv``).
 
 from __future__ import annotations
 
+import msgspec
+
+from epick.sim.fleet import CLOCK_ORIGIN
+
 __all__ = ["SimKvCounts", "windowed_hit_rates"]
 
 
@@ -36,11 +40,15 @@ class SimKvCounts:
         self.routing = KvRouting(self.index, BytesTokenizer(), BlockHasher(),
                                  cache_entries=cache_entries)
         self.counts = self.routing.counts
+        self.cleared = self.routing.cleared
         self.batches = 0
         self.events = 0
 
     def on_batch(self, address: str, seq: int, batch) -> None:
         """The fleet's listener (``Fleet.run(kv_events=...)``)."""
+        # The sim's engines stamp batches CLOCK_ORIGIN + virtual t; the bench's host clock
+        # (snapshots, picks) is virtual t: the index's clear stamps must be on the latter.
+        batch = msgspec.structs.replace(batch, ts=batch.ts - CLOCK_ORIGIN)
         self.index.apply(address, batch)
         self.batches += 1
         self.events += len(batch.events)

@@ -18,7 +18,8 @@ Precise prefix routing (issue 16): the router ``epick-precise`` is epick with th
 index fed by the simulated replicas' own KV-cache events (``epick.bench.kvsim``;
 ``--kv-delay-ms`` after each step). Its workloads, opt-in: prefix-pressure (shared
 prefixes on small KV caches: evictions) and prefix-restart (one replica restarts mid-run;
-hit rate per window after it, and how long it takes to get back). E.g.
+hit rate per window after it, and how long it takes to get back — also against the same
+run without the restart, which each point runs too). E.g.
 ``--workloads prefix-pressure,prefix-restart --routers round-robin,epick,epick-precise``.
 
 With ``--trace LOG`` the workload is a recorded decision log instead (arrival times,
@@ -233,6 +234,14 @@ RESTART_RATES = (10.0, 20.0, 30.0)
 RESTART_RATES_QUICK = (20.0, 30.0)
 RESTART_WINDOW_S = 2.0
 RESTART_WINDOWS = 4
+#: The finer view, against the same run without the restart (2 s windows against the level
+#: before all read "recovered after 2 s"): per 0.5 s window over the same 8 s, recovered
+#: when every later window's hit rate is back to 90% of the calm run's in that window; and
+#: the prefix-cache hits the restart cost in the 4 s after it: (cached tokens without it -
+#: with it) / prompt tokens, and the full misses (< half the prompt cached) it added.
+RESTART_FINE_WINDOW_S = 0.5
+RESTART_FINE_WINDOWS = 16
+RESTART_LOST_S = 4.0
 
 
 WORKLOADS = ("multi-lora", "shared-prefix", "zero-hit")
@@ -293,7 +302,15 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
                     row["shed"].append(getattr(router, "failures", 0))
                     row["kv_evictions"].append(sum(r.kv_evictions for r in res.replicas))
                     if restart_t is not None:
-                        _restart_stats(row, res.records, restart_t)
+                        # The same requests, router and seed without the restart: what the
+                        # restart cost is the difference (the level before is too noisy).
+                        calm = make_router(rname, runtime, seed, weights,
+                                           kv_blocks=config.num_gpu_blocks,
+                                           kv_delay_s=kv_delay_ms / 1000)
+                        base = fleet.run(requests, calm,
+                                         scrape_interval_s=scrape_interval_ms / 1000,
+                                         **getattr(calm, "fleet_options", {}))
+                        _restart_stats(row, res.records, restart_t, base.records)
                     if progress:
                         progress(f"{wname:13s} rate {rate:5.1f}  {rname:13s} "
                                  f"tok/s {s.output_tok_s:8.0f}  ttft p90 {s.ttft_p90_s:7.3f}s  "
@@ -307,33 +324,63 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
                                      f"{RESTART_WINDOW_S:g} s after: {after}; recovered after "
                                      f"{row['recovery_s'][-1]} s; TTFT p90 of the "
                                      f"{2 * RESTART_WINDOW_S:g} s after "
-                                     f"{row['ttft_p90_after_restart_s'][-1]:.3f} s")
+                                     f"{row['ttft_p90_after_restart_s'][-1]:.3f} s; against "
+                                 f"no restart, per {RESTART_FINE_WINDOW_S:g} s recovered "
+                                 f"after {row['recovery_fine_s'][-1]} s, hits lost in the "
+                                 f"{RESTART_LOST_S:g} s after "
+                                 f"{row['hit_lost_after_restart'][-1]:.3f}, misses added "
+                                 f"{row['misses_added_by_restart'][-1]}")
             out["workloads"][wname] = per_router
     return out
 
 
-def _restart_stats(row: dict, records, restart_t: float) -> None:
+def _restart_stats(row: dict, records, restart_t: float, calm=None) -> None:
     """Hit rate before the restart (the windows just before it), per window after it, and
     the recovery time: the end of the first window from which every later one is back to
-    at least 90% of the level before."""
+    at least 90% of the level before. With ``calm`` (the records of the same run without
+    the restart): the finer recovery and the hits lost against it."""
     import numpy as np
 
     from epick.bench.kvsim import windowed_hit_rates
 
-    n = RESTART_WINDOWS
     before = windowed_hit_rates(records, restart_t - 2 * RESTART_WINDOW_S, 2 * RESTART_WINDOW_S, 1)[0]
-    after = windowed_hit_rates(records, restart_t, RESTART_WINDOW_S, n)
+    after = windowed_hit_rates(records, restart_t, RESTART_WINDOW_S, RESTART_WINDOWS)
     soon = [r.ttft_s for r in records if restart_t <= r.arrival_s < restart_t + 2 * RESTART_WINDOW_S]
     row.setdefault("ttft_p90_after_restart_s", []).append(
         float(np.percentile(soon, 90)) if soon else float("nan"))
-    recovered = None
-    for k in range(n):
-        if all(not v < 0.9 * before for v in after[k:]):  # NaN (an empty window) passes
-            recovered = (k + 1) * RESTART_WINDOW_S
-            break
     row.setdefault("hit_rate_before_restart", []).append(before)
     row.setdefault("hit_rate_after_restart", []).append(after)
-    row.setdefault("recovery_s", []).append(recovered)
+    row.setdefault("recovery_s", []).append(_recovered(after, before, RESTART_WINDOW_S))
+    if calm is None:
+        return
+    fine = windowed_hit_rates(records, restart_t, RESTART_FINE_WINDOW_S, RESTART_FINE_WINDOWS)
+    level = windowed_hit_rates(calm, restart_t, RESTART_FINE_WINDOW_S, RESTART_FINE_WINDOWS)
+    row.setdefault("hit_rate_after_restart_fine", []).append(fine)
+    row.setdefault("recovery_fine_s", []).append(
+        _recovered(fine, level, RESTART_FINE_WINDOW_S))
+    hit, prompt, misses = _window(records, restart_t, restart_t + RESTART_LOST_S)
+    hit0, _, misses0 = _window(calm, restart_t, restart_t + RESTART_LOST_S)
+    row.setdefault("hit_lost_after_restart", []).append(
+        (hit0 - hit) / prompt if prompt else float("nan"))
+    row.setdefault("misses_added_by_restart", []).append(misses - misses0)
+
+
+def _window(records, start: float, end: float) -> tuple[int, int, int]:
+    """Cached tokens, prompt tokens and full misses of the requests arriving in [start, end)."""
+    sel = [r for r in records if start <= r.arrival_s < end]
+    return (sum(max(r.cached_tokens, 0) for r in sel), sum(r.prompt_tokens for r in sel),
+            sum(1 for r in sel if r.cached_tokens < r.prompt_tokens / 2))
+
+
+def _recovered(after: list[float], level, window_s: float) -> float | None:
+    """The end of the first window from which every later one is back to at least 90%
+    of ``level`` (one number, or one per window); None = not within the windows."""
+    levels = level if isinstance(level, list) else [level] * len(after)
+    for k in range(len(after)):
+        # NaN (an empty window) passes
+        if all(not v < 0.9 * lv for v, lv in zip(after[k:], levels[k:])):
+            return (k + 1) * window_s
+    return None
 
 
 def run_trace(paths, changes=None, *, routers=("round-robin", "least-queue"), seed: int = 1,
@@ -446,7 +493,8 @@ def plot(results: dict, folder: Path) -> list[Path]:
 SWEPT = ("ttft_p90_s", "throughput_tok_s", "adapter_loads", "hit_rate")
 #: Swept where a workload has them (prefix-restart): None (not recovered) counts as inf.
 SWEPT_IF_PRESENT = ("kv_evictions", "recovery_s", "hit_rate_before_restart",
-                    "ttft_p90_after_restart_s")
+                    "ttft_p90_after_restart_s", "recovery_fine_s", "hit_lost_after_restart",
+                    "misses_added_by_restart")
 
 
 def sweep_seeds(seeds, **kw) -> dict:
@@ -466,10 +514,12 @@ def sweep_seeds(seeds, **kw) -> dict:
                 per_rate = []
                 for k in range(len(row["rate"])):
                     values = [runs[s]["workloads"][wname][router][metric][k] for s in runs]
-                    if metric == "recovery_s":
+                    if metric in ("recovery_s", "recovery_fine_s"):
                         values = [float("inf") if v is None else v for v in values]
                     worst = (max if metric in ("ttft_p90_s", "adapter_loads", "kv_evictions",
-                                               "recovery_s", "ttft_p90_after_restart_s")
+                                               "recovery_s", "ttft_p90_after_restart_s",
+                                               "recovery_fine_s", "hit_lost_after_restart",
+                                               "misses_added_by_restart")
                              else min)(values)
                     per_rate.append({"values": values, "median": statistics.median(values),
                                      "worst": worst})
@@ -499,6 +549,13 @@ def seed_table(results: dict) -> list[str]:
                     extra += (f"  hit before restart {pre['median']:.2f}  recovered after "
                               f"{rec['median']:g} s ({rec['worst']:g})  TTFT p90 after "
                               f"{after['median']:.3f} ({after['worst']:.3f})")
+                if "recovery_fine_s" in cell:
+                    fine, lost = cell["recovery_fine_s"][k], cell["hit_lost_after_restart"][k]
+                    added = cell["misses_added_by_restart"][k]
+                    extra += (f"  vs no restart, per {RESTART_FINE_WINDOW_S:g} s: recovered "
+                              f"after {fine['median']:g} s ({fine['worst']:g})  hits lost in "
+                              f"{RESTART_LOST_S:g} s {lost['median']:.3f} ({lost['worst']:.3f})"
+                              f"  misses added {added['median']:g} ({added['worst']:g})")
                 lines.append(
                     f"{router:16} {rate:>6g} {p90['median']:>9.3f} ({p90['worst']:.3f})"
                     f" {tok['median']:>9.0f} ({tok['worst']:.0f})"

@@ -273,23 +273,30 @@ class _Recorded:
     def completed(self, address: str) -> None:
         pass
 
-
-class _RecordedKv:
-    """Stands in for the KV-events seam during one replayed decision: the recorded
-    per-candidate prefix counts (the engines' events are not in the log)."""
-
-    def __init__(self, counts: dict[str, tuple[int, int]]) -> None:
-        self._counts = counts
-
-    def counts(self, request, endpoints, candidates):
-        got = [self._counts.get(endpoints[i].address, (0, -1)) for i in candidates]
-        return tuple(c[0] for c in got), tuple(c[1] for c in got)
-
     def scraped(self, address: str) -> None:
         pass
 
     def __bool__(self) -> bool:
         return self._given
+
+
+class _RecordedKv:
+    """Stands in for the KV-events seam during one replayed decision: the recorded
+    per-candidate prefix counts (the engines' events are not in the log)."""
+
+    def __init__(self, counts: dict[str, tuple[int, int]],
+                 cleared: dict[str, int] | None = None) -> None:
+        self._counts = counts
+        self._cleared = cleared
+
+    def counts(self, request, endpoints, candidates):
+        got = [self._counts.get(endpoints[i].address, (0, -1)) for i in candidates]
+        return tuple(c[0] for c in got), tuple(c[1] for c in got)
+
+    def cleared(self, endpoints, candidates):
+        if self._cleared is None:  # a log from before the field: nothing recorded
+            return ()
+        return tuple(self._cleared.get(endpoints[i].address, 0) for i in candidates)
 
 
 class _Errors:
@@ -633,7 +640,10 @@ class Replayer:
         live_kv = sched.kv
         sched.kv = _RecordedKv(
             {endpoints[c].address: (rec.prefix_blocks[k], rec.prefix_matched[k])
-             for k, c in enumerate(rec.candidates)}) if rec.prefix_blocks else None
+             for k, c in enumerate(rec.candidates)},
+            {endpoints[c].address: rec.prefix_cleared_ms[k]
+             for k, c in enumerate(rec.candidates)} if rec.prefix_cleared_ms else None,
+        ) if rec.prefix_blocks else None
         try:
             d = sched.schedule(request, explain=True)
         except SchedulingError as exc:

@@ -160,6 +160,8 @@ class DecisionRec(_Rec, tag="d"):
     """Per candidate (``ScoreInput.prefix_blocks``); () = KV events off."""
     prefix_matched: tuple[int, ...] = ()
     """Per candidate (``ScoreInput.prefix_matched``); () = KV events off."""
+    prefix_cleared_ms: tuple[int, ...] = ()
+    """Per candidate (``ScoreInput.prefix_cleared_ms``); () = KV events off."""
 
 
 class CompletionRec(_Rec, tag="c"):

@@ -45,6 +45,9 @@ __all__ = ["DecisionLog", "segments"]
 
 log = logging.getLogger("epick.decisions")
 
+#: Fields of a queued decision (``decision()``); a queued completion has 8.
+_DECISION_ITEM = 13
+
 _FRAME = struct.Struct("<I")
 #: Least time between two logged write errors.
 _ERROR_LOG_INTERVAL_S = 10.0
@@ -223,7 +226,8 @@ class DecisionLog:
         self._queue.append((decision, cycle.request, cycle.pool, cycle.now_ms, policies,
                             candidates, scores, shadow_scores, picked, _marks(policies),
                             cycle.assigned(tuple(candidates)),
-                            cycle.kv_counts(tuple(candidates))))
+                            cycle.kv_counts(tuple(candidates)),
+                            cycle.kv_cleared(tuple(candidates))))
 
     def completion(self, decision_id, event, endpoint, prompt_tokens, completion_tokens,
                    ttft_s) -> None:
@@ -271,7 +275,7 @@ class DecisionLog:
                     return
             self._gap(buf)
             try:
-                if len(item) == 12:  # a decision (a completion has 8)
+                if len(item) == _DECISION_ITEM:  # a decision (a completion has 8)
                     self._encode_decision(buf, item)
                     kinds.append("decision")
                 else:
@@ -505,7 +509,8 @@ class DecisionLog:
 
     def _encode_decision(self, buf: bytearray, item) -> None:
         (decision, request, pool, now_ms, policies, candidates, scores, shadow_scores,
-         picked, marks, (in_flight, since), (prefix_blocks, prefix_matched)) = item
+         picked, marks, (in_flight, since), (prefix_blocks, prefix_matched),
+         prefix_cleared_ms) = item
         if not self._header_written:
             self._header(buf, decision.decision_id, first_is_decision=True)
         pid = self._policies(buf, policies)
@@ -520,6 +525,7 @@ class DecisionLog:
             picked=tuple(picked), skipped=tuple(decision.skipped),
             in_flight=in_flight, picked_since_scrape=since,
             prefix_blocks=prefix_blocks, prefix_matched=prefix_matched,
+            prefix_cleared_ms=prefix_cleared_ms,
         ))
 
     def _encode_completion(self, buf: bytearray, item) -> None:

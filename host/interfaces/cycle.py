@@ -34,6 +34,12 @@ class KvCounts(Protocol):
     def counts(self, request: abi.Request, endpoints: Sequence[abi.EndpointMetrics],
                candidates: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
 
+    def cleared(self, endpoints: Sequence[abi.EndpointMetrics],
+                candidates: Sequence[int]) -> tuple[int, ...]:
+        """Per candidate: Unix ms its engine last emptied its cache, 0 = never
+        (``ScoreInput.prefix_cleared_ms``)."""
+        ...
+
 
 @dataclass(slots=True)
 class Cycle:
@@ -59,6 +65,7 @@ class Cycle:
     _kv: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] = field(
         default_factory=dict)
     _pre: tuple[tuple[str, int], bytes] | None = None
+    _cleared: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
 
     def pre_request_input(self, endpoint: str, timestamp_ms: int) -> bytes:
         """The msgpack ``PreRequestEvent`` for the picked ``endpoint`` (one encoding for
@@ -79,6 +86,17 @@ class Cycle:
         if got is None:
             got = self._kv[candidates] = self.kv.counts(
                 self.request, self.pool.snapshot.endpoints, candidates)
+        return got
+
+    def kv_cleared(self, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        """``prefix_cleared_ms`` per candidate (cached per cycle); empty when KV events
+        are off."""
+        if self.kv is None:
+            return ()
+        got = self._cleared.get(candidates)
+        if got is None:
+            got = self._cleared[candidates] = self.kv.cleared(self.pool.snapshot.endpoints,
+                                                              candidates)
         return got
 
     def assigned(self, candidates: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -118,6 +136,7 @@ class Cycle:
                     picked_since_scrape=since,
                     prefix_blocks=blocks,
                     prefix_matched=matched,
+                    prefix_cleared_ms=self.kv_cleared(candidates),
                 )
             )
             self._inputs[key] = blob

@@ -9,7 +9,13 @@ other groups are not what a prefix hit on the engine means.
 
 ``matched`` is -1 for an endpoint with no event stream (never applied/cleared) or whose
 index is uncertain (a gap that could not be replayed), so a policy falls back to its
-estimate instead of trusting a hole. Not thread-safe: one event loop owns it.
+estimate instead of trusting a hole. ``cleared_ms`` is when the endpoint's *engine* last
+emptied its cache — an ``AllBlocksCleared`` (its batch's ``ts``), or a restart the
+subscriber saw (``clear(..., at_ms=)``, the new engine's first batch) — in Unix ms of the
+engine's clock (vLLM stamps batches with ``time.time()``; NTP keeps it within a few ms of
+the host's): a policy drops what it believed of the endpoint before then. Clears of epick's
+own making (joining, a rebuild after a gap) leave it: the engine lost nothing then. Not
+thread-safe: one event loop owns it.
 """
 
 from __future__ import annotations
@@ -18,18 +24,19 @@ from collections.abc import Sequence
 
 from epick.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, hash64
 
-__all__ = ["KvIndex"]
+__all__ = ["KvIndex", "batch_ms"]
 
 _DEVICE = (None, "GPU")
 
 
 class _Blocks:
-    __slots__ = ("hashes", "uncertain", "block_size")
+    __slots__ = ("hashes", "uncertain", "block_size", "cleared_ms")
 
     def __init__(self) -> None:
         self.hashes: dict[int, None] = {}
         self.uncertain = False
         self.block_size = 0
+        self.cleared_ms = 0
 
 
 class KvIndex:
@@ -75,6 +82,7 @@ class KvIndex:
                     hashes.pop(hash64(h), None)
             elif isinstance(ev, AllBlocksCleared):
                 hashes.clear()
+                ep.cleared_ms = max(ep.cleared_ms, batch_ms(batch.ts))
         ep.uncertain = False
 
     def matched(self, address: str, hashes: Sequence[int]) -> int:
@@ -90,9 +98,18 @@ class KvIndex:
             n += 1
         return n
 
-    def clear(self, address: str) -> None:
-        """Forget the endpoint's blocks (it has a stream: matched answers 0, not -1)."""
-        self._get(address).hashes.clear()
+    def clear(self, address: str, *, at_ms: int = 0) -> None:
+        """Forget the endpoint's blocks (it has a stream: matched answers 0, not -1);
+        ``at_ms`` > 0: its engine emptied its cache then (a restart), see ``cleared_ms``."""
+        ep = self._get(address)
+        ep.hashes.clear()
+        if at_ms > 0:
+            ep.cleared_ms = max(ep.cleared_ms, at_ms)
+
+    def cleared_ms(self, address: str) -> int:
+        """When the endpoint's engine last emptied its cache (Unix ms); 0 = never seen."""
+        ep = self._eps.get(address)
+        return 0 if ep is None else ep.cleared_ms
 
     def mark_uncertain(self, address: str) -> None:
         """The index may miss blocks (a gap): matched answers -1 until the next apply."""
@@ -113,6 +130,14 @@ class KvIndex:
 
     def addresses(self) -> list[str]:
         return list(self._eps)
+
+
+def batch_ms(ts: float) -> int:
+    """A batch's ``ts`` (Unix seconds) in ms; at least 1 (0 = never), 0 for garbage."""
+    try:
+        return max(round(ts * 1000), 1)
+    except (OverflowError, ValueError, TypeError):  # inf, nan: the decoder lets floats be
+        return 0
 
 
 def _first(d: dict[int, None], n: int):

@@ -1,7 +1,9 @@
 """The seam the scheduler holds: per-candidate KV block counts for one Pick.
 
 ``KvRouting.counts(request, endpoints, candidates)`` → ``(prefix_blocks, prefix_matched)``,
-one entry per candidate (``ScoreInput.prefix_blocks`` / ``prefix_matched``): the request's
+one entry per candidate (``ScoreInput.prefix_blocks`` / ``prefix_matched``), and
+``KvRouting.cleared`` → when each candidate's index was last emptied
+(``ScoreInput.prefix_cleared_ms``): the request's
 full blocks as that endpoint's engine hashes them (its block size as its events carry
 it, else as its ``cache_config_info`` reports it; the adapter's path on that endpoint), and how many leading ones its
 own KV events say it holds (-1 = no event stream, or its index is uncertain).
@@ -110,3 +112,8 @@ class KvRouting:
             blocks.append(len(hashes))
             matched.append(self.index.matched(ep.address, hashes))
         return tuple(blocks), tuple(matched)
+
+    def cleared(self, endpoints: Sequence[abi.EndpointMetrics],
+                candidates: Sequence[int]) -> tuple[int, ...]:
+        """Per candidate: ms when its index was last emptied (0 = never)."""
+        return tuple(self.index.cleared_ms(endpoints[i].address) for i in candidates)

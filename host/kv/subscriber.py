@@ -39,7 +39,7 @@ import zmq
 import zmq.asyncio
 
 from epick.kv.events import END_SEQ, EventDecodeError, KVEventBatch, decode_batch, seq_bytes
-from epick.kv.index import KvIndex
+from epick.kv.index import KvIndex, batch_ms
 from epick.ratelog import RateLimitedLog
 
 __all__ = ["EventSource", "EndpointStats", "KvSubscriber", "discover_source"]
@@ -334,7 +334,8 @@ class _Stream:
             log.info("kv events of %s: sequence went back from %d to %d: engine restarted",
                      self.address, self.expected - 1, seq)
             self.after_replay = False
-            self.index.clear(self.address)
+            # The new engine's first batch: its cache started empty by then.
+            self.index.clear(self.address, at_ms=batch_ms(batch.ts))
             self.expected = 0
             if seq != 0 and self.src.replay:
                 await self.replay_from(0)

@@ -115,6 +115,9 @@ pub const ScoreCtx = struct {
     /// Per candidate (or empty = all -1): leading request blocks the endpoint's KV-cache
     /// events say it holds; -1 = no event stream or an uncertain index.
     prefix_matched: []const i64 = &.{},
+    /// Per candidate (or empty = all 0): Unix ms (the host's clock, as snapshot.timestamp_ms
+    /// and pre_request's timestamp_ms) its KV index was last emptied; 0 = never.
+    prefix_cleared_ms: []const i64 = &.{},
 
     /// The endpoint of the i-th candidate.
     pub fn endpoint(c: *const ScoreCtx, i: usize) *const Endpoint {
@@ -147,6 +150,13 @@ pub const ScoreCtx = struct {
         const blocks = c.prefixBlocks(i) orelse return null;
         if (i >= c.prefix_matched.len or c.prefix_matched[i] < 0) return null;
         return @intCast(@min(c.prefix_matched[i], blocks));
+    }
+
+    /// When the i-th candidate's KV index was last emptied (AllBlocksCleared, an engine
+    /// restart, a rebuild after a gap), in the host's ms; null = never or not sent.
+    pub fn prefixClearedMs(c: *const ScoreCtx, i: usize) ?i64 {
+        if (i >= c.prefix_cleared_ms.len or c.prefix_cleared_ms[i] <= 0) return null;
+        return c.prefix_cleared_ms[i];
     }
 
     /// The smallest `work` over the candidates (0 when there are none).
@@ -266,10 +276,13 @@ pub fn decodeScoreInputTail(r: *Reader, s: Strings, head: ScoreInputHead, snap: 
     var matched: []const i64 = &.{};
     if (head.elements > 5) blocks = try perCandidate(r, s, "prefix_blocks", m);
     if (head.elements > 6) matched = try perCandidate(r, s, "prefix_matched", m);
-    if (head.elements > 7) try r.skipN("ScoreInput (trailing)", head.elements - 7);
+    var cleared: []const i64 = &.{};
+    if (head.elements > 7) cleared = try perCandidate(r, s, "prefix_cleared_ms", m);
+    if (head.elements > 8) try r.skipN("ScoreInput (trailing)", head.elements - 8);
     return .{
         .snapshot = snap, .request = q, .candidates = cands, .in_flight = in_flight,
         .picked_since_scrape = since, .prefix_blocks = blocks, .prefix_matched = matched,
+        .prefix_cleared_ms = cleared,
     };
 }
 

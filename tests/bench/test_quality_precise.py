@@ -11,9 +11,10 @@ from epick import abi
 from epick.bench import quality
 from epick.bench.kvsim import SimKvCounts, windowed_hit_rates
 from epick.interfaces import Capabilities, Cycle, PoolSnapshot
-from epick.kv.events import KVEventBatch
+from epick.kv.events import AllBlocksCleared, KVEventBatch
 from epick.kv.hashing import BlockHasher
 from epick.sim.config import DEFAULT_CONFIG
+from epick.sim.fleet import CLOCK_ORIGIN
 from epick.sim.replica import Replica
 from epick.sim.results import RequestRecord
 from epick.sim.tokens import token_ids
@@ -69,6 +70,15 @@ def test_the_policy_sees_the_counts_in_its_score_input():
     got = rec.seen[-1]
     assert got.candidates == (1, 0)
     assert (got.prefix_blocks, got.prefix_matched) == ((6, 6), (-1, 6))
+    assert got.prefix_cleared_ms == (0, 0)
+    # a.1's engine empties its cache at virtual t = 2.5 s (the sim stamps batches
+    # CLOCK_ORIGIN + t): the stamp reaches the policy on the bench's clock (virtual ms)
+    kv.on_batch("a:1", 1, KVEventBatch(ts=CLOCK_ORIGIN + 2.5, events=[AllBlocksCleared()],
+                                       data_parallel_rank=0))
+    cycle = Cycle(pool=PoolSnapshot.build(snap), request=abi.Request(prompt=PROMPT), kv=kv)
+    rec.score(cycle, (1, 0))
+    got = rec.seen[-1]
+    assert got.prefix_matched == (-1, 0) and got.prefix_cleared_ms == (0, 2500)
 
 
 def test_windowed_hit_rates():
@@ -96,6 +106,30 @@ def test_the_precise_router_runs_both_workloads_with_their_metrics(small_run):
     assert len(pr["hit_rate_after_restart"][0]) == quality.RESTART_WINDOWS
     assert 0 < pr["hit_rate_before_restart"][0] <= 1
     assert pr["ttft_p90_after_restart_s"][0] > 0
+    # against the same run without the restart: 0.5 s windows, hits lost, misses added
+    assert len(pr["hit_rate_after_restart_fine"][0]) == quality.RESTART_FINE_WINDOWS
+    rec = pr["recovery_fine_s"][0]
+    assert rec is None or 0 < rec <= quality.RESTART_FINE_WINDOWS * quality.RESTART_FINE_WINDOW_S
+    assert -1 <= pr["hit_lost_after_restart"][0] <= 1
+    assert isinstance(pr["misses_added_by_restart"][0], int)
+
+
+def test_restart_stats_against_the_calm_run():
+    """Hits lost and misses added are the restarted run's against the calm one's."""
+    def rec(t, cached, prompt=100):
+        return RequestRecord(request_id="r", group="", adapter="", replica=0, arrival_s=t,
+                             ttft_s=0.1, e2e_s=1, prompt_tokens=prompt, output_tokens=1,
+                             cached_tokens=cached, adapter_loads=0, preemptions=0)
+
+    calm = [rec(t / 10, 90) for t in range(60, 180)]  # 6..18 s, 90% cached throughout
+    # restarted at 10 s: the first second after it misses fully, then back to 90%
+    hit = [rec(t / 10, 0 if 100 <= t < 110 else 90) for t in range(60, 180)]
+    row: dict = {}
+    quality._restart_stats(row, hit, 10.0, calm)
+    assert row["misses_added_by_restart"] == [10]
+    assert row["hit_lost_after_restart"][0] == pytest.approx(10 * 90 / (40 * 100))
+    assert row["recovery_fine_s"] == [1.5]  # windows 10-10.5, 10.5-11 lost; back from 11
+    assert row["recovery_s"] == [4.0]  # the 2 s windows: 10-12 is 45%, 12-14 is back
 
 
 def test_unknown_router_lists_the_kv_routers():

@@ -34,11 +34,40 @@ MUTANTS = {
         "estimate blocks -> max(0/6, 2/3)), got 0",
     ),
     "recent-picks-never-expire": (
-        [("const since = ctx.snapshot.timestamp_ms -| recent_ttl_ms;",
-          "const since = ctx.snapshot.timestamp_ms -| 1000 * recent_ttl_ms;")],
+        [("@max(ctx.snapshot.timestamp_ms -| recent_ttl_ms, clearedAt(ctx, i))",
+          "@max(ctx.snapshot.timestamp_ms -| 1000 * recent_ttl_ms, clearedAt(ctx, i))")],
         "precise/events-overrule-the-estimate",
         "endpoint 0 (e0:8000) expected 0 (events: 0 of 2 (the pick is 10 s old, the estimate's "
         "2/2 is not used) -> 0), got 1",
+    ),
+    "no-cold-spread": (
+        [("o.* = if (busy) 0 else cold_spread;", "o.* = if (busy) 0 else 0;")],
+        "precise/cold-spread",
+        "endpoint 1 (e1:8000) expected 0.25 (cold: e1's was 600 ms ago -> cold_spread), got 0",
+    ),
+    "cold-picks-not-marked": (
+        [("if (cold) gop.value_ptr.*.cold_ms = ev.timestamp_ms;", "")],
+        "precise/cold-spread",
+        "endpoint 0 (e0:8000) expected 0 (cold: e0 got a cold request 300 ms ago (< 500) -> 0), "
+        "got 0.25",
+    ),
+    "cold-spread-when-warm": (
+        [("if (cold_spread_ms == 0 or warm or", "if (cold_spread_ms == 0 or")],
+        "precise/warm-is-not-spread",
+        "endpoint 0 (e0:8000) expected 0 (events: 0 of 2), got 0.25",
+    ),
+    "recent-picks-survive-a-clear": (
+        [("@max(ctx.snapshot.timestamp_ms -| recent_ttl_ms, clearedAt(ctx, i))",
+          "ctx.snapshot.timestamp_ms -| recent_ttl_ms")],
+        "precise/a-clear-voids-earlier-picks",
+        "endpoint 0 (e0:8000) expected 0 (picked at 9500, its engine emptied its cache at "
+        "9600: the pick is void; events 0 of 2), got 1",
+    ),
+    "cold-busy-survives-a-clear": (
+        [("r.cold_ms >= @max(since, clearedAt(ctx, i))", "r.cold_ms >= since")],
+        "precise/a-clear-ends-a-cold-prefill",
+        "endpoint 0 (e0:8000) expected 0.25 (its cold request at 9700 was aborted by the "
+        "clear at 9800 -> cold_spread), got 0",
     ),
     "unbounded-by-load": (
         [("if (max_imbalance >= 0 and ctx.work(i) - min_work > max_imbalance) {",

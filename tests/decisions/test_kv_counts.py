@@ -24,6 +24,9 @@ class FakeCounts:
                         % (blocks + 2) - 1 for i in candidates)
         return (blocks,) * len(candidates), matched
 
+    def cleared(self, endpoints, candidates):
+        return tuple(1_700_000_000_000 + 7 * i for i in candidates)
+
 
 def test_records_carry_the_counts_and_replay_feeds_them_back(tmp_path, runtime, monkeypatch):
     seam = FakeCounts()
@@ -43,6 +46,7 @@ def test_records_carry_the_counts_and_replay_feeds_them_back(tmp_path, runtime, 
     assert with_prompt
     for d in decisions:
         assert len(d.prefix_blocks) == len(d.prefix_matched) == len(d.candidates)
+        assert d.prefix_cleared_ms == tuple(1_700_000_000_000 + 7 * i for i in d.candidates)
     import sys
 
     replay_mod = sys.modules["epick.decisions.replay"]  # the package re-exports the function
@@ -56,9 +60,20 @@ def test_records_carry_the_counts_and_replay_feeds_them_back(tmp_path, runtime, 
         return got
 
     monkeypatch.setattr(replay_mod._RecordedKv, "counts", spy)
+    cleared_given = []
+    real_cleared = replay_mod._RecordedKv.cleared
+
+    def spy_cleared(self, endpoints, candidates):
+        got = real_cleared(self, endpoints, candidates)
+        cleared_given.append(got)
+        return got
+
+    monkeypatch.setattr(replay_mod._RecordedKv, "cleared", spy_cleared)
     calls_before = seam.calls
     r = replay([tmp_path / "d.log"], runtime=runtime)
     assert r.decisions == len(decisions) and r.agreement == 1.0
     assert seam.calls == calls_before  # replayed from the log, not recomputed
     recorded = {d.request.request_id: (d.prefix_blocks, d.prefix_matched) for d in decisions}
     assert given and all(recorded[rid] == got for rid, got in given)
+    assert cleared_given and all(c and all(ms >= 1_700_000_000_000 for ms in c)
+                                 for c in cleared_given)

@@ -38,6 +38,26 @@ def test_removed_cleared_and_other_tiers():
     assert idx.size("a") == 0 and idx.matched("a", [1]) == 0
 
 
+def test_cleared_ms_is_when_the_engine_emptied_its_cache():
+    idx = KvIndex(100)
+    assert idx.cleared_ms("a") == 0  # never seen
+    idx.apply("a", KVEventBatch(ts=1_700_000_001.5, events=[stored(1)], data_parallel_rank=0))
+    assert idx.cleared_ms("a") == 0  # stores are no clear
+    idx.apply("a", KVEventBatch(ts=1_700_000_002.25, events=[AllBlocksCleared(), stored(2)],
+                                data_parallel_rank=0))
+    assert idx.cleared_ms("a") == 1_700_000_002_250 and idx.matched("a", [2]) == 1
+    idx.clear("a")  # epick's own clear (a rebuild): the engine lost nothing
+    assert idx.cleared_ms("a") == 1_700_000_002_250
+    idx.clear("a", at_ms=1_700_000_009_000)  # a restart the subscriber saw
+    assert idx.cleared_ms("a") == 1_700_000_009_000
+    # a late batch stamped earlier (clocks) never moves it back; garbage ts is no stamp
+    idx.apply("a", KVEventBatch(ts=1_700_000_003.0, events=[AllBlocksCleared()],
+                                data_parallel_rank=0))
+    idx.apply("a", KVEventBatch(ts=float("nan"), events=[AllBlocksCleared()], data_parallel_rank=0))
+    assert idx.cleared_ms("a") == 1_700_000_009_000
+    assert idx.cleared_ms("b") == 0
+
+
 def test_uncertain_until_fresh_events_clear_and_drop():
     idx = KvIndex(100)
     idx.apply("a", batch(stored(1)))

@@ -15,8 +15,8 @@ from epick.kv.subscriber import EventSource, KvSubscriber
 ADDR = "127.0.0.1:8000"
 
 
-def stored(*hashes):
-    return encode_batch(KVEventBatch(ts=0.0, data_parallel_rank=0, events=[BlockStored(
+def stored(*hashes, ts=0.0):
+    return encode_batch(KVEventBatch(ts=ts, data_parallel_rank=0, events=[BlockStored(
         block_hashes=list(hashes), parent_block_hash=None, token_ids=[], block_size=32,
         lora_id=None, medium="GPU", lora_name=None)]))
 
@@ -133,6 +133,22 @@ async def test_engine_restart_clears(pub):
         await until(lambda: idx.matched(ADDR, [7]) == 1, "after restart")
         assert idx.matched(ADDR, [1]) == 0
         assert sub.stats()[ADDR].restarts == 1
+    await run_sub([source(pub)], body)
+
+
+async def test_an_engine_restart_is_stamped_with_the_new_engines_first_batch(pub):
+    """prefix_cleared_ms: a restart the subscriber sees is when the new engine's cache
+    started empty (its first batch's ts); joining the stream is no clear of the engine's."""
+    async def body(sub, idx):
+        await wait_joined(sub, pub)
+        assert idx.cleared_ms(ADDR) == 0  # joined (and replayed): the engine lost nothing
+        pub.publish(stored(1, ts=1_700_000_000.0))
+        await until(lambda: idx.matched(ADDR, [1]) == 1, "before restart")
+        assert idx.cleared_ms(ADDR) == 0
+        pub.restart()
+        pub.publish(stored(7, ts=1_700_000_012.345))
+        await until(lambda: idx.matched(ADDR, [7]) == 1, "after restart")
+        assert idx.cleared_ms(ADDR) == 1_700_000_012_345
     await run_sub([source(pub)], body)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from policy_payloads import PolicyCallError, ep, pre, snap
+from policy_payloads import PolicyCallError, PolicyLoadError, ep, pre, snap
 
 from epick import abi
 
@@ -47,7 +47,8 @@ def test_without_counts_it_scores_exactly_as_prefix_cache(policy):
 
 
 def test_minus_one_falls_back_per_candidate(policy):
-    inst = policy("precise-prefix", block_size=4, recent_ttl_ms=0)  # events alone where given
+    # events alone where given (no recent picks, no cold spread)
+    inst = policy("precise-prefix", block_size=4, recent_ttl_ms=0, cold_spread_ms=0)
     s = snap([ep("a:1"), ep("b:1")])
     inst.pre_request(pre("a:1", model="m", prompt="aaaabbbb"))
     assert score(inst, s, "aaaabbbb", blocks=(5, 5), matched=(-1, -1)) == [1.0, 0.0]
@@ -94,7 +95,7 @@ def test_recent_picks_stay_bounded_per_endpoint(policy):
     from policy_payloads import memory_bytes
 
     inst = policy("precise-prefix", block_size=4, recent_blocks=64, recent_ttl_ms=3_600_000,
-                  lru_capacity=64)
+                  lru_capacity=64, cold_spread_ms=0)
     s = snap([ep("a:1")])
     score(inst, s, "x")
     for i in range(200):
@@ -130,3 +131,37 @@ def test_full_state_for_64_endpoints_fits_in_64_mib(policy):
           f"{memory_bytes(inst) / 2**20:.1f} MiB after export_state ({len(state) / 2**20:.1f} MiB)")
     assert memory_bytes(inst) <= 64 << 20
     assert len(state) > 64 * 31_250 * 8
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"cold_spread_ms": -1}, "param 'cold_spread_ms': -1 is not in [0, 3600000]"),
+        ({"cold_spread": 1.5}, "param 'cold_spread': 1.5 is not in [0, 1]"),
+        ({"cold_spread": float("nan")}, "param 'cold_spread': nan is not in [0, 1]"),
+    ],
+    ids=["cold-ms-negative", "cold-spread-above-1", "cold-spread-nan"],
+)
+def test_bad_cold_spread_params_are_refused_naming_the_param(policy, params, message):
+    with pytest.raises(PolicyLoadError) as info:
+        policy("precise-prefix", **params)
+    assert info.value.message == message
+
+
+def test_cold_requests_spread_over_engines_not_prefilling_one(policy):
+    """Three cold requests in a row on three endpoints: each goes where no cold pick is
+    under way; after cold_spread_ms an endpoint is free again."""
+    inst = policy("precise-prefix", block_size=4)
+    addrs = ["a:1", "b:1", "c:1"]
+    picked = []
+    for k, t in enumerate((1000, 1100, 1200)):
+        s = snap([ep(a) for a in addrs], timestamp_ms=t)
+        got = score(inst, s, f"{k}" * 8, blocks=(2, 2, 2), matched=(0, 0, 0))
+        free = [a for a, v in zip(addrs, got) if v == 0.25]
+        assert [v for v in got if v != 0.25] == [0.0] * k  # the ones already prefilling
+        picked.append(free[0])
+        inst.pre_request(pre(free[0], model="m", prompt=f"{k}" * 8, timestamp_ms=t))
+    assert picked == addrs
+    # at 1601 a's and b's cold picks are 601 and 501 ms old (> cold_spread_ms 500), c's 401
+    late = snap([ep(a) for a in addrs], timestamp_ms=1601)
+    assert score(inst, late, "zzzzzzzz", blocks=(2, 2, 2), matched=(0, 0, 0)) == [0.25, 0.25, 0.0]
