@@ -214,7 +214,8 @@ class Service:
         self.pool = Pool(pc.endpoints, scrape_interval_ms=pc.scrape_interval_ms,
                          stale_after_ms=pc.stale_after_ms, timeout_ms=pc.timeout_ms,
                          on_scrape=self.scheduler.assignments.scraped,
-                         scrape_in=pc.scrape_in, worker_nice=pc.scrape_worker_nice)
+                         scrape_in=pc.scrape_in, worker_nice=pc.scrape_worker_nice,
+                         worker_cpus=pc.scrape_worker_cpus)
         self.scheduler.pool_status = self.pool.status
         # KV-cache events (precise prefix routing): None unless an endpoint sets kv_events.
         self.kv = KvEvents.from_config(config, config_path)

@@ -94,6 +94,9 @@ class Setup:
     """``[pool] scrape_in``: pages parsed by the worker process, or on the event loop."""
     floor: bool = False
     """Serve with scheduling stubbed (:mod:`epick.bench.floor`): the ratios' floor."""
+    serve_cpus: tuple[int, ...] = ()
+    worker_cpus: tuple[int, ...] = ()
+    """``--pin``: the server's CPUs and its scrape worker's (``[pool] scrape_worker_cpus``)."""
     proc: subprocess.Popen | None = None
     target: str = ""
     metrics_url: str = ""
@@ -108,6 +111,8 @@ class Setup:
                  'metrics_listen = "127.0.0.1:0"',
                  "[admin]", 'listen = ""', "[pool]", f"scrape_interval_ms = {self.scrape_ms}",
                  f"stale_after_ms = {stale}", f'scrape_in = "{self.scrape_in}"']
+        if self.worker_cpus:
+            lines.append(f"scrape_worker_cpus = {list(self.worker_cpus)}")
         for i in range(self.endpoints):
             lines += ["[[pool.endpoints]]", f'address = "10.9.{i // 250}.{i % 250}:8000"',
                       f'metrics_url = "http://127.0.0.1:{pages_port}/metrics/{i}"']
@@ -125,6 +130,7 @@ class Setup:
                  "--log-level", "WARNING", "serve", "--config", str(config_path)],
                 stdout=subprocess.PIPE, stderr=err, text=True,
                 start_new_session=True,  # pause/resume/cpu cover its scrape worker too
+                preexec_fn=_on_cpus(self.serve_cpus),
             )
         line = self.proc.stdout.readline()
         if "serving Pick on" not in line:
@@ -204,6 +210,22 @@ class Setup:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def _on_cpus(cpus: tuple[int, ...]):
+    """A ``preexec_fn`` that pins the child to ``cpus`` (None: no pinning)."""
+    if not cpus:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def pin_split() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``--pin``: (serving CPUs, scraping CPUs) — the first allowed CPU for the servers
+    and the clients, the others for the scrape workers and the page server."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit(f"--pin needs at least 2 CPUs; this process may use {cpus}")
+    return (cpus[0],), tuple(cpus[1:])
 
 
 def _tree(pid: int) -> list[int]:
@@ -334,7 +356,7 @@ def _spy(pid: int, seconds: int, out: Path) -> subprocess.Popen:
 def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 32,
             seconds: float = 4.0, rounds: int = 4, scrape_ms: int = 50,
             settle_s: float = 0.5, py_spy: Path | None = None,
-            profiles: list[Profile] | None = None) -> list[Setup]:
+            profiles: list[Profile] | None = None, pin: bool = False) -> list[Setup]:
     """Run every setup and phase; ``seconds`` is per phase and setup over all rounds.
 
     With ``py_spy`` (a folder), the first round also records each setup's seq and stream
@@ -347,11 +369,19 @@ def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 
                         scrape_in="loop"))
     setups.append(Setup(f"{min(sizes)} endpoints, scheduling stubbed", min(sizes), scrape_ms,
                         floor=True))
+    serving, scraping = pin_split() if pin else ((), ())
+    for s in setups:
+        s.serve_cpus = serving
+        s.worker_cpus = scraping if s.scrape_in == "process" else ()
+    own_cpus = os.sched_getaffinity(0)
+    if serving:  # the clients share the servers' CPU, as a gateway beside epick would
+        os.sched_setaffinity(0, serving)
     reqs = requests(4096)
     # The pages stand in for engines on other machines: at niceness 19 their CPU takes
     # as little as the kernel allows from what is measured here.
     pages = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "epick.bench.pages",
-                              "--count", str(max(sizes))], stdout=subprocess.PIPE, text=True)
+                              "--count", str(max(sizes))], stdout=subprocess.PIPE, text=True,
+                             preexec_fn=_on_cpus(scraping))
     try:
         pages_port = int(pages.stdout.readline())
         with tempfile.TemporaryDirectory() as tmp:
@@ -406,6 +436,7 @@ def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 
             s.stop()
         pages.terminate()
         pages.wait(timeout=10)
+        os.sched_setaffinity(0, own_cpus)
     return setups
 
 
@@ -495,6 +526,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4, help="alternations of setups and phases")
     ap.add_argument("--scrape-interval-ms", type=int, default=50)
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin the servers and the clients to the first CPU, the scrape "
+                         "workers and the page server to the others (the engines on other "
+                         "machines, a core for scraping)")
     ap.add_argument("--py-spy", type=Path, metavar="DIR",
                     help="profile the server in the first round's seq and stream phases "
                          "(py-spy on PATH or beside python) into DIR, and print where its "
@@ -508,11 +543,13 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     setups = measure(sizes=sizes, threads=args.threads, streams=args.streams,
                      window=args.window, seconds=args.seconds, rounds=args.rounds,
-                     scrape_ms=args.scrape_interval_ms, py_spy=args.py_spy, profiles=profiles)
+                     scrape_ms=args.scrape_interval_ms, py_spy=args.py_spy, profiles=profiles,
+                     pin=args.pin)
     load_after = os.getloadavg()
 
     console = Console(width=150)
-    t = Table(title=f"epick bench pick --grpc — {os.cpu_count()} cores, load average "
+    pinned = " (--pin)" if args.pin else ""
+    t = Table(title=f"epick bench pick --grpc{pinned} — {os.cpu_count()} cores, load average "
                     f"{load_before[0]:.1f} before / {load_after[0]:.1f} after; µs per call")
     for c in ("setup", "mode", "RPC", "calls/s", "p50 µs", "p99 µs", "server CPU µs/call"):
         t.add_column(c, justify="right")
@@ -549,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({
             "command": "epick bench pick --grpc " + " ".join(argv or []),
-            "started": t_start, "cpu_count": os.cpu_count(),
+            "started": t_start, "cpu_count": os.cpu_count(), "pin": args.pin,
             "loadavg_before": load_before, "loadavg_after": load_after,
             "setups": [{"name": s.name, "endpoints": s.endpoints, "scrape_ms": s.scrape_ms,
                         "scrape_in": s.scrape_in, "floor": s.floor,

@@ -174,6 +174,8 @@ class Pool:
         per scrape instead of the parse's few hundred.
     worker_nice:
         The worker's niceness (0-19), so that on a busy machine picks run first.
+    worker_cpus:
+        The CPUs the worker may run on; empty: this process's own.
 
     Threading: :attr:`snapshot` may be read from any thread (one attribute read of an
     immutable object). Everything else must be called from the event loop thread that
@@ -192,6 +194,7 @@ class Pool:
         on_scrape: Callable[[str], None] | None = None,
         scrape_in: Literal["loop", "process"] = "loop",
         worker_nice: int = 0,
+        worker_cpus: Sequence[int] = (),
     ) -> None:
         if scrape_in not in SCRAPE_IN:
             raise ValueError(f"Pool scrape_in must be one of {SCRAPE_IN}, got {scrape_in!r}")
@@ -208,7 +211,8 @@ class Pool:
         self._clock = clock
         self._wall_clock = wall_clock
         self._on_scrape = on_scrape
-        self.worker = ScrapeWorker(nice=worker_nice) if scrape_in == "process" else None
+        self.worker = (ScrapeWorker(nice=worker_nice, cpus=worker_cpus)
+                       if scrape_in == "process" else None)
         """The child process that reads pages (``scrape_in="process"``), else ``None``."""
 
         self._endpoints: dict[str, _Endpoint] = {}

@@ -28,6 +28,7 @@ import ssl
 import struct
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -132,12 +133,15 @@ class ScrapeWorker:
     loop's cost per scrape. Structure stays anyio's: :meth:`run` is the owner.
     """
 
-    def __init__(self, command: list[str] | None = None, *, nice: int = 0) -> None:
+    def __init__(self, command: list[str] | None = None, *, nice: int = 0,
+                 cpus: Sequence[int] = ()) -> None:
         if not 0 <= nice <= 19:
             raise ValueError(f"ScrapeWorker nice must be 0-19, got {nice!r}")
+        cpus = sorted({int(c) for c in cpus})
         # Not ``-m epick.pool.worker``: runpy would import this module twice.
-        self._command = command or [sys.executable, "-c",
-                                    f"from epick.pool.worker import main; main(nice={nice})"]
+        self._command = command or [
+            sys.executable, "-c",
+            f"from epick.pool.worker import main; main(nice={nice}, cpus={cpus!r})"]
         self._proc: asyncio.subprocess.Process | None = None
         self._calls: dict[int, _Call] = {}
         self._next_id = 0
@@ -359,11 +363,13 @@ async def _main() -> None:
     await _serve(reader, writer)
 
 
-def main(nice: int = 0) -> None:
+def main(nice: int = 0, cpus: Sequence[int] = ()) -> None:
     logging.basicConfig(level=logging.WARNING, format="epick scrape worker: %(message)s")
     if nice:
         # Scraping is background work: where the cores are short, picks go first.
         os.nice(nice)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     try:
         anyio.run(_main)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent decides

@@ -58,3 +58,15 @@ def test_profile_parts_take_the_first_matching_frame_in_their_order(tmp_path):
     assert total == 20
     assert dict(shares) == {OTHER: 0.5, "pick: policies score (WASM)": 0.25,
                             "pick: telemetry": 0.15, "scrape: parse (parse_metrics)": 0.1}
+
+
+def test_pin_gives_the_servers_one_cpu_and_scraping_the_others_in_a_valid_config():
+    import os
+
+    from epick.config import loads
+
+    serving, scraping = bench.pin_split()
+    allowed = sorted(os.sched_getaffinity(0))
+    assert serving == (allowed[0],) and scraping == tuple(allowed[1:])
+    s = bench.Setup("x", 2, 50, serve_cpus=serving, worker_cpus=scraping)
+    assert loads(s.config(1234)).pool.scrape_worker_cpus == list(scraping)

@@ -49,12 +49,17 @@ def test_a_minimal_config_gets_the_documented_defaults():
          "Expected `int` >= 1 - at `$.pool.scrape_interval_ms`"),
         ("version = 1\n[pool]\nscrape_worker_nice = 20",
          "Expected `int` <= 19 - at `$.pool.scrape_worker_nice`"),
+        ("version = 1\n[pool]\nscrape_worker_cpus = [4096]",
+         "scrape_worker_cpus: CPU 4096 is not one this process may run on"),
+        ("version = 1\n[pool]\nscrape_worker_cpus = [0, 0]",
+         "scrape_worker_cpus [0, 0] lists a CPU twice"),
         ("version = 1\n[[pool.endpoints]]\naddress='a:1'\nengine='tgi'",
          "at `$.pool.endpoints[0].engine`"),
         ("version = = 1", "not valid TOML"),
     ],
     ids=["no-version", "future-version", "kv-range", "bad-listen", "typo", "dup-endpoint",
-         "negative-weight", "dup-policy", "zero-interval", "nice-range", "bad-engine",
+         "negative-weight", "dup-policy", "zero-interval", "nice-range", "cpu-unknown",
+         "cpu-twice", "bad-engine",
          "not-toml"],
 )
 def test_invalid_configs_name_the_source_and_the_path(text, message):

@@ -108,6 +108,19 @@ async def test_the_worker_runs_at_the_niceness_it_was_given(fake_vllm):
         ScrapeWorker(nice=20)
 
 
+async def test_the_worker_runs_on_the_cpus_it_was_given(fake_vllm):
+    """Pinned off the picks' core: the child's affinity is exactly the CPUs named."""
+    server = fake_vllm(open(FIXTURES / "vllm_busy_deferred.txt").read())
+    one = min(os.sched_getaffinity(0))
+    pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
+                scrape_in="process", worker_cpus=[one])
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        await eventually(lambda: bool(pool.snapshot.snapshot.endpoints))  # it scrapes
+        assert os.sched_getaffinity(pool.worker.pid) == {one}
+        tg.cancel_scope.cancel()
+
+
 def test_scrape_in_must_be_loop_or_process():
     with pytest.raises(ValueError, match="scrape_in must be one of"):
         Pool([], scrape_in="thread")
