@@ -4,8 +4,8 @@ same precise-prefix picks, and a third started late catches up by replay.
 Everything is real but the engines: the simulator (`python -m epick.sim serve
 --kv-events`, its own process) publishes vLLM's KV events over ZMQ with a replay socket
 and `/kv_event_sources`; each epick is an `epick serve` process with the `precise-prefix`
-policy (load guard off: the two scrape at different moments, and scrape timing must not
-decide), subscribed by discovery. The driver acts as the gateway: it asks both epicks,
+policy (load guard and cold spread off: the two scrape at different moments and keep
+their own clocks, and timing must not decide), subscribed by discovery. The driver acts as the gateway: it asks both epicks,
 serves the request on the first one's pick, and — so that a pick never races an event
 still in flight — waits until both epicks report the same frame counts per endpoint
 before the next request (what the test measures is agreement on the same state). The
@@ -61,8 +61,13 @@ def config(tmp_path, name: str, addresses: list[str]) -> str:
              f'cache_dir = "{tmp_path / "cache"}"', "[kv_events]", 'tokenizer = "bytes"']
     for a in addresses:
         lines += ["[[pool.endpoints]]", f'address = "{a}"', 'kv_events = "discover"']
+    # The load guard and the cold spread off: both are decided by each epick's own
+    # timing (when it scraped; how long ago, by its own clock, it sent a cold request),
+    # not by the events. With the cold spread on, one run in six on real vLLM gave 81/84
+    # identical picks: two epicks picking the same request a few ms apart straddled its
+    # 500 ms edge, and the different pick then changed their next cold picks too.
     lines += ["[[policies]]", 'name = "precise-prefix"', 'module = "precise-prefix"',
-              "params = { max_imbalance = -1 }"]
+              "params = { max_imbalance = -1, cold_spread_ms = 0 }"]
     path = tmp_path / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
