@@ -203,7 +203,11 @@ class Setup:
     def stop(self) -> None:
         if self.proc is None:
             return
-        os.killpg(self.proc.pid, signal.SIGCONT)
+        try:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:  # it never started, or died: only reap it
+            self.proc.wait()
+            return
         self.proc.terminate()
         try:
             self.proc.wait(timeout=10)

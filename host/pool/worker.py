@@ -369,7 +369,12 @@ def main(nice: int = 0, cpus: Sequence[int] = ()) -> None:
         # Scraping is background work: where the cores are short, picks go first.
         os.nice(nice)
     if cpus:
-        os.sched_setaffinity(0, cpus)
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as exc:  # not in this cgroup's cpuset: scrape anyway, say why
+            logging.getLogger("epick.pool.worker").error(
+                "[pool] scrape_worker_cpus %s refused by the kernel (%s); the scrape worker "
+                "runs on the service's CPUs", list(cpus), exc)
     try:
         anyio.run(_main)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent decides

@@ -121,6 +121,35 @@ async def test_the_worker_runs_on_the_cpus_it_was_given(fake_vllm):
         tg.cancel_scope.cancel()
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin apart")
+async def test_a_service_pinned_to_one_cpu_can_pin_its_worker_to_another(fake_vllm):
+    server = fake_vllm(open(FIXTURES / "vllm_busy_deferred.txt").read())
+    own = os.sched_getaffinity(0)
+    serving, scraping = sorted(own)[:2]
+    os.sched_setaffinity(0, {serving})  # as `taskset -c 0 epick serve` would
+    try:
+        pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
+                    scrape_in="process", worker_cpus=[scraping])
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            await eventually(lambda: bool(pool.snapshot.snapshot.endpoints))
+            assert os.sched_getaffinity(pool.worker.pid) == {scraping}
+            tg.cancel_scope.cancel()
+    finally:
+        os.sched_setaffinity(0, own)
+
+
+async def test_cpus_the_kernel_refuses_leave_the_worker_unpinned_and_scraping(fake_vllm):
+    server = fake_vllm(open(FIXTURES / "vllm_busy_deferred.txt").read())
+    pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
+                scrape_in="process", worker_cpus=[4096])  # no such CPU
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        await eventually(lambda: bool(pool.snapshot.snapshot.endpoints))  # it still scrapes
+        assert os.sched_getaffinity(pool.worker.pid) == os.sched_getaffinity(0)
+        tg.cancel_scope.cancel()
+
+
 def test_scrape_in_must_be_loop_or_process():
     with pytest.raises(ValueError, match="scrape_in must be one of"):
         Pool([], scrape_in="thread")
