@@ -436,11 +436,13 @@ def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 
                 s.read_host_times()
                 s.pause()
     finally:
-        for s in setups:
-            s.stop()
-        pages.terminate()
-        pages.wait(timeout=10)
-        os.sched_setaffinity(0, own_cpus)
+        try:
+            for s in setups:
+                s.stop()
+        finally:  # the page server and this process's CPUs, whatever a stop raised
+            pages.terminate()
+            pages.wait(timeout=10)
+            os.sched_setaffinity(0, own_cpus)
     return setups
 
 
