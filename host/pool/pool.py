@@ -395,6 +395,8 @@ class Pool:
 
     def _wake(self, eps: Sequence[_Endpoint]) -> None:
         for ep in eps:
+            if ep not in self._pending:  # removed from the pool since the round began
+                continue
             ep.busy = True
             assert ep.wake is not None  # started in _start
             ep.wake.set()
