@@ -129,10 +129,12 @@ class ScoreInput(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     -1 = no event stream or its index is uncertain (policies fall back to an estimate).
     Empty = all -1."""
     prefix_cleared_ms: tuple[int, ...] = ()
-    """Per candidate: Unix ms (the host's clock, as ``Snapshot.timestamp_ms`` and
-    ``PreRequestEvent.timestamp_ms``) when that endpoint's KV index was last emptied —
-    ``AllBlocksCleared``, an engine restart, a rebuild after a gap — so a policy can drop
-    what it believed about it before; 0 = never. Empty = all 0."""
+    """Per candidate: Unix ms when that endpoint's engine last emptied its cache — an
+    ``AllBlocksCleared`` (its batch's time) or a restart the host saw (the new engine's
+    first batch) — on the engine's clock, which NTP keeps near the host's; a clear of the
+    host's own making (joining, a rebuild after a gap) does not move it. A policy drops
+    what it believed about the endpoint before then; 0 = never. Empty = all 0
+    (policies/ABI.md)."""
 
 
 class PreRequestEvent(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
