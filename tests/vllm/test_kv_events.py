@@ -122,6 +122,20 @@ def serve_on_vllm(address: str, req: dict) -> None:
         resp.read()
 
 
+def serve_and_wait_for_its_events(address: str, req: dict, watcher: EpickProcess) -> None:
+    """Serve on vLLM, then wait (at most 0.5 s) until ``watcher`` has applied a new frame from
+    that replica. The engine publishes a request's blocks as it schedules it, and the
+    answer can be back before those events are (up to 0.15 s here): an exact repeat asked
+    right then would find the blocks missing (a clean-clone CI run: 34 of 36 repeats fully
+    matched). A request whose blocks were all cached already publishes nothing new: hence
+    the bound."""
+    before = watcher.frames().get(address, 0.0)
+    serve_on_vllm(address, req)
+    deadline = time.monotonic() + 0.5
+    while watcher.frames().get(address, 0.0) <= before and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def serves(fleet, tmp_path):
     started: list[EpickProcess] = []
@@ -156,7 +170,7 @@ def test_two_epicks_agree_on_real_kv_events_and_a_late_third_catches_up(fleet, s
         if foreign.random() < 0.25:
             # Traffic another router sent: epick's own history never sees it, the events do.
             where = foreign.choice(fleet.replicas).address
-            serve_on_vllm(where, req)
+            serve_and_wait_for_its_events(where, req, a)
             served_on.setdefault(key, where)
             direct += 1
             continue
@@ -177,7 +191,7 @@ def test_two_epicks_agree_on_real_kv_events_and_a_late_third_catches_up(fleet, s
             repeats += 1
             blocks, matched = kva[served_on[key]]
             repeat_full += blocks > 0 and matched == blocks
-        serve_on_vllm(target, req)
+        serve_and_wait_for_its_events(target, req, a)
         served_on.setdefault(key, target)
     n -= direct
     print(f"\nactive-active on real vLLM: {n} picked requests (+{direct} sent around epick), "
