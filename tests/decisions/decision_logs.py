@@ -1,6 +1,6 @@
 """Recording real decision logs for the tests (imported by conftest and the CLI tests).
 
-:func:`record` runs the virtual-time simulated fleet (sim/) through epick's real
+:func:`record` runs the virtual-time simulated fleet (host/sim/) through epick's real
 scheduler and WASM policies with a :class:`DecisionLog` attached, so a log holds what a
 live service would write: changing snapshots, LoRA and shared-prefix traffic, and a
 completion for every request (post_response hooks), interleaved as they happened.

