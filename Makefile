@@ -20,7 +20,7 @@ install: $(STAMP)
 proto: $(STAMP)
 	$(PY) -m epick.api.protogen
 
-## policies: build every policies/*/ Zig or C source into policies/*.wasm
+## policies: build every policies/*/ Zig or C source into host/builtin/*.wasm (package epick.builtin)
 policies: $(STAMP)
 	$(PY) -m epick.policies_build
 

@@ -9,7 +9,7 @@ Prints medians (and p10/p90 across rounds) of the per-call time, each round timi
   ``GuestFunc.call3`` (raw ctypes ``wasmtime_func_call_unchecked`` + epoch deadline),
   ``PolicyInstance.score`` (input copy, sentinel fill, call, count check, result copy),
   ``WasmPolicy.score`` (plus snapshot delivery check, range check, stats, breaker);
-- the built policies in policies/dist/ (if present), 64 endpoints (resident snapshot
+- the built policies in host/builtin/ (if present), 64 endpoints (resident snapshot
   when the policy exports ``set_snapshot``, else inline);
 - and how long a guest that never returns holds the thread before ``PolicyTimeout``.
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/sandbox_overhead.py [--rounds 21] [--calls 1000]
 
-For every policy in policies/dist/ that scores, four engines run the same call —
+For every policy in host/builtin/ that scores, four engines run the same call —
 ``WasmPolicy.score`` over 64 endpoints (resident snapshot when the policy exports
 ``set_snapshot``), the path a pick takes:
 
