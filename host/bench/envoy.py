@@ -254,7 +254,7 @@ def run_load(args, urls: dict[str, str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="epick bench envoy", description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["latency", "load"])
     ap.add_argument("--requests", type=int, default=2000,
                     help="latency: per path and concurrency; load: per path")

@@ -188,7 +188,7 @@ def bench_absorb(n: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="epick bench kv", description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=100_000, help="batches to flood")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--json", type=pathlib.Path)

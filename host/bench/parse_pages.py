@@ -29,7 +29,7 @@ def full_parse(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(prog="epick bench parse-pages", description=__doc__)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=50)
     args = ap.parse_args(argv)

@@ -47,7 +47,7 @@ def request(**kw) -> abi.Request:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="epick bench policies-calls", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--endpoints", type=int, default=64)

@@ -58,7 +58,7 @@ DIST = BUILTIN_POLICY_DIR
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="epick bench runtime-calls", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=2000)
     args = ap.parse_args(argv)

@@ -38,7 +38,7 @@ ENGINES = {"none": (False, False), "epoch": (False, True), "fuel": (True, False)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="epick bench sandbox-overhead", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--calls", type=int, default=1000)
     args = ap.parse_args(argv)

@@ -246,7 +246,7 @@ def hot_swaps(tmp: Path, pages: Pages, args) -> None:
 def main(argv: list[str] | None = None) -> int:
     # The hostile modules are the sandbox tests' own (tests/runtime/hostile.py).
     hostile = checkout.tests_module("runtime", "hostile")
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="epick bench sandbox-under-fire", description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--threads", type=int, default=3)
     ap.add_argument("--swaps", type=int, default=1000)
