@@ -109,7 +109,7 @@ class Runtime:
         if not isinstance(limits, Limits):
             raise TypeError(f"Runtime limits must be a Limits, got {type(limits).__name__}")
         self.limits = limits
-        # fuel=False / epoch=False exist to measure what each costs (bench/); the service
+        # fuel=False / epoch=False exist to measure what each costs (epick.bench); the service
         # always runs with both.
         settings = {**_ENGINE_SETTINGS, "consume_fuel": fuel, "epoch_interruption": epoch}
         self.fuel = fuel

@@ -1,4 +1,4 @@
-"""The hostile modules of the service-level sandbox tests and bench/sandbox_under_fire.py:
+"""The hostile modules of the service-level sandbox tests and `epick bench sandbox-under-fire`:
 each passes the smoke run, then misbehaves in service (see wat/hostile.wat).
 
 ``HOSTILE[name]`` -> wasm bytes; ``hostile_wasm(**parts)`` builds a custom one.

@@ -1,6 +1,6 @@
 """Hostile modules live in a serving epick: picks never fail and stay bounded, the
 breakers and the off-path rebuilds do their job, and the policy folder cannot block
-the service. (The latencies themselves: bench/sandbox_under_fire.py.)"""
+the service. (The latencies themselves: `epick bench sandbox-under-fire`.)"""
 
 from __future__ import annotations
 
