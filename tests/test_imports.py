@@ -169,3 +169,22 @@ def test_importing_the_runtime_or_the_pool_loads_no_scheduler():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def write_contracts(path: Path = PYPROJECT) -> None:
+    """Rewrite pyproject's contracts from the table (after adding a row):
+    ``.venv/bin/python tests/test_imports.py --write``."""
+    text = path.read_text()
+    marker = "[[tool.importlinter.contracts]]"
+    first, last = text.index(marker), text.rindex(marker)
+    after = text.index("\n[tool.", last) + 1  # the table that follows the contracts
+    body = as_toml(contracts_for(read_rules(DESIGN.read_text())))
+    path.write_text(text[:first] + body + "\n" + text[after:])
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: tests/test_imports.py --write")
+    write_contracts()
