@@ -138,7 +138,7 @@ def test_a_refused_module_leaves_nothing_cached_and_a_removed_one_is_freed(fake_
         sha = svc.call(lambda: svc.service.manager.active["extra"].module.sha256)
         assert sha in rt.cached_modules
         svc.admin.RemovePolicy(apb.RemovePolicyRequest(name="extra"), metadata=AUTH)
-        assert svc.call(lambda: plugin._inst) is None  # closed: its Store is gone
+        assert svc.call(lambda: plugin.supervisor.instance) is None  # closed: its Store is gone
         assert sha not in rt.cached_modules
 
 

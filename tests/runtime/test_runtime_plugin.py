@@ -346,7 +346,7 @@ def test_pre_request_sends_the_request_endpoint_and_time(runtime):
     expected = abi.encoder.encode(
         abi.PreRequestEvent(request=c.request, endpoint="10.0.0.0:8000", timestamp_ms=1234)
     )
-    inst = plugin._inst
+    inst = plugin.supervisor.instance
     assert bytes(inst._in_mv[: len(expected)]) == expected
 
 
@@ -408,12 +408,12 @@ def test_a_closed_policy_refuses_calls(policy):
 
 def test_slow_checkpoints_are_spaced_out_to_a_small_share_of_the_time(load, fake_clock):
     """A checkpoint blocks a request: the gap grows with what the last one cost."""
-    from epick.runtime.plugin import CHECKPOINT_SHARE
+    from epick.runtime.checkpoints import CHECKPOINT_SHARE
 
     plugin = WasmPolicy(load("counter"), {}, clock=fake_clock)
-    plugin._checkpoint_gap_s = 1.0
-    plugin._dirty = True
-    real_export = plugin._inst.export_state
+    plugin.checkpoints.changed()
+    inst = plugin.supervisor.instance
+    real_export = inst.export_state
 
     def slow_export():  # the cost is measured with perf_counter, so really take 10 ms
         t0 = time.perf_counter()
@@ -421,9 +421,9 @@ def test_slow_checkpoints_are_spaced_out_to_a_small_share_of_the_time(load, fake
             pass
         return real_export()
 
-    plugin._inst.export_state = slow_export
-    plugin._maybe_checkpoint()
-    assert plugin._checkpoint_gap_s >= 0.01 / CHECKPOINT_SHARE  # >= 5 s for a 10 ms export
+    inst.export_state = slow_export
+    plugin.checkpoint()
+    assert plugin.checkpoints.gap_s >= 0.01 / CHECKPOINT_SHARE  # >= 5 s for a 10 ms export
 
 
 @pytest.fixture
@@ -495,7 +495,7 @@ def test_a_closed_policy_closes_an_instance_that_was_still_being_rebuilt(runtime
     plugin = background("unreachable")
     with pytest.raises(PluginError, match="trap"):
         plugin.score(cycle(1), (0,))
-    pending = plugin._rebuild
+    pending = plugin.supervisor._rebuild
     plugin.close()
     gate.set()
     # cancelled before it ran, or closed by the done-callback once built
@@ -530,7 +530,7 @@ def test_a_warm_spare_goes_live_at_once_with_the_last_good_state(background):
     c = cycle(2)
     plugin.pre_request(c, "a")
     plugin.checkpoint()  # last good state: count 1 (8 bytes: imported into the spare)
-    assert plugin._spare.result(timeout=30)  # the spare is built in the background
+    assert plugin.supervisor._spare.result(timeout=30)  # the spare is built in the background
     with pytest.raises(PluginError, match="trap"):
         plugin.pre_request(cycle(2, prompt=LONG), "a")
     assert not plugin.recovering  # no call skipped
@@ -548,7 +548,7 @@ def _live_or_why(plugin: WasmPolicy) -> str:
 
 def test_an_instance_that_keeps_dying_is_rebuilt_after_a_doubling_gap(fake_clock, background):
     plugin = background("unreachable")
-    plugin._spare.result(timeout=30)
+    plugin.supervisor._spare.result(timeout=30)
     seen = []
     for _ in range(4):  # 4 traps: under the breaker's 5
         with pytest.raises(PluginError, match="trap"):
