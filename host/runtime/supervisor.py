@@ -1,14 +1,22 @@
 """The supervisor: whether a policy's calls may reach its instance, and a live instance.
 
 One job: the policy's health, told one way everywhere (the error a call gets,
-ListPolicies, metrics). It owns the instance and
+ListPolicies, metrics): every way a policy is kept out of picks is a stage breaker that
+is open, so ``state`` says ``open`` exactly when its calls do not reach the guest. It
+owns the instance and
 
 - **judges outcomes** with one circuit breaker per stage (``score``, ``filter``,
   ``pre_request``, ``post_response``): after ``Limits.breaker_failures`` consecutive
   failures of that stage, or ``Limits.breaker_error_rate`` of its last
   ``Limits.breaker_window`` calls, its calls fail fast with ``circuit-open`` for
   ``Limits.breaker_cooldown_s``; then one trial call decides (half-open). A pre_request
-  hook that always traps no longer rides on the good scores' successes.
+  hook that always traps no longer rides on the good scores' successes. The windows span
+  instance re-creations: a module that fails every 2nd call is judged on all of them.
+- **benches** a policy — opens every stage's breaker — when its failing calls took more
+  than ``Limits.breaker_burn_ms`` of wall-clock time within one second (a failing call
+  may burn all its fuel or its backstop, and holds a pick meanwhile), when its instance
+  keeps dying, and when its instance cannot be re-created. After the bench each stage
+  gets one trial call: a success closes it, a failure opens it for another cooldown.
 - **recovers** after a trap, timeout or running out of fuel (the guest's state is
   suspect): the instance is re-created (fresh ``init`` with the same params), given the
   last good state (:class:`~epick.runtime.checkpoints.Checkpoints`). With
@@ -16,9 +24,10 @@ ListPolicies, metrics). It owns the instance and
   thread, never inside a pick: a warm spare (fresh, ``init``-ed) is kept ready and goes
   live at once, given the last good state when that is small (:data:`SPARE_STATE_BYTES`);
   otherwise the new instance is built with its state on that thread, and until it is
-  ready every call fails fast with ``recovering``. An instance that dies again within a
-  cooldown of its last rebuild is rebuilt after a doubling gap (:data:`REBUILD_MIN_GAP_S`
-  up to the cooldown); a rebuild that fails is tried again one cooldown later. Without
+  ready every call fails fast with ``recovering`` (and the stages read ``open``). An
+  instance that dies again within a cooldown of its last rebuild is benched for a
+  doubling gap (:data:`REBUILD_MIN_GAP_S` up to the cooldown) and rebuilt after it; a
+  rebuild that fails benches the policy for a cooldown, then is tried again. Without
   it, the instance is re-created at once, inline.
 
 Counts go to the shared :class:`~epick.runtime.stats.PolicyStats`. Single-threaded,
@@ -30,6 +39,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -102,6 +112,10 @@ class Supervisor:
         self._breakers = {stage: new_breaker(limits, clock) for stage in STAGES}
         self._stages = tuple(s for s in STAGES if s in module.exports)
         self._cooldown_s = limits.breaker_cooldown_s
+        self._burn_budget_ns = int(limits.breaker_burn_ms * 1e6)
+        self._burned: deque[tuple[float, int]] = deque()  # (clock(), ns) of recent failures
+        self._burned_ns = 0
+        self._bench_extra_opens = 0
         self._clock = clock
         self._rebuild: concurrent.futures.Future | None = None
         self._spare: concurrent.futures.Future | None = None  # a warm, fresh instance
@@ -126,22 +140,54 @@ class Supervisor:
 
     @property
     def state(self) -> str:
-        """``closed`` when every stage's breaker is; else ``open`` if any is open, else
-        ``half-open``."""
-        states = {b.state for b in self._breakers.values()}
+        """The policy's one state: ``closed`` when every stage's calls reach the guest;
+        else ``open`` if any stage's calls are held off (its breaker is open, or the
+        instance is being re-created), else ``half-open`` (a trial is next)."""
+        states = set(self.states.values())
         if states == {"closed"}:
             return "closed"
         return "open" if "open" in states else "half-open"
 
     @property
     def states(self) -> dict[str, str]:
-        """Each stage's breaker (only the stages the module exports)."""
-        return {s: self._breakers[s].state for s in self._stages}
+        """Each exported stage's state as its calls meet it: its breaker's, but ``open``
+        while the instance is being re-created (its calls are skipped), and
+        ``half-open`` once an open breaker cooled down (its next call is the trial)."""
+        rebuilding = self.recovering
+        out = {}
+        for s in self._stages:
+            breaker = self._breakers[s]
+            state = breaker.state
+            if rebuilding and state == "closed":
+                state = "open"
+            elif state == "open" and breaker.ready:  # cooled down: the next call is a trial
+                state = "half-open"
+            out[s] = state
+        return out
+
+    @property
+    def retry_in_s(self) -> float:
+        """Seconds until the first held-off stage lets a trial through (0: none held)."""
+        waits = [self._breakers[s].retry_in_s for s in self._stages
+                 if self._breakers[s].state != "closed"]
+        return min(waits, default=0.0)
+
+    @property
+    def reason(self) -> str:
+        """Why the policy is not ``closed`` (empty when it is)."""
+        if self.recovering:
+            return self._recovery_error or "instance is being re-created"
+        for s in self._stages:
+            breaker = self._breakers[s]
+            if breaker.state != "closed":
+                return f"{s}: {breaker.reason}"
+        return ""
 
     @property
     def opens(self) -> int:
-        """How often any of the stage breakers opened."""
-        return sum(b.opens for b in self._breakers.values())
+        """How often the policy's calls were held off: a stage breaker opened, or the
+        policy was benched (all of them at once: one opening)."""
+        return sum(b.opens for b in self._breakers.values()) - self._bench_extra_opens
 
     @property
     def spare_ready(self) -> bool:
@@ -174,16 +220,44 @@ class Supervisor:
         if exc.export == "set_snapshot":  # delivering the snapshot before score/filter
             stage = "set_snapshot"
         kind = error_kind(exc)
-        self.stats.failed(kind, _perf_ns() - t0)
         breaker.failure()
         if isinstance(exc, SUSPECT):
             self.recover()
+        cost = _perf_ns() - t0  # an inline re-creation held the pick too
+        self.stats.failed(kind, cost)
+        self._burn(cost)
         return PluginError(self.name, stage, kind, exc.detail)
 
     def skipped(self, stage: str, exc: Recovering) -> PluginError:
-        """A call while the instance is rebuilt: not the guest's failure (no breaker)."""
+        """A call while the instance is rebuilt: not the guest's failure (no breaker
+        outcome; a half-open stage's trial goes to the next call)."""
+        self._breakers[stage].release()
         self.stats.failed("recovering")
         return PluginError(self.name, stage, "recovering", str(exc))
+
+    def _burn(self, cost_ns: int) -> None:
+        """Count a failing call's time; bench the policy once the last second's failing
+        calls took more than the budget."""
+        now = self._clock()
+        burned = self._burned
+        burned.append((now, cost_ns))
+        self._burned_ns += cost_ns
+        while burned[0][0] <= now - 1.0:
+            self._burned_ns -= burned.popleft()[1]
+        if self._burned_ns > self._burn_budget_ns:
+            spent, n = self._burned_ns / 1e6, len(burned)
+            burned.clear()
+            self._burned_ns = 0
+            self.bench(f"{n} failing call{'s' if n > 1 else ''} took {spent:.0f} ms within "
+                       f"1 s, over the {self._burn_budget_ns / 1e6:g} ms budget",
+                       self._cooldown_s)
+
+    def bench(self, reason: str, seconds: float) -> None:
+        """Hold every stage's calls off for ``seconds`` (then one trial each)."""
+        opened = sum(self._breakers[s].trip(reason, seconds) for s in self._stages)
+        self._bench_extra_opens += max(0, opened - 1)  # one bench is one opening
+        _rlog.warning(("bench", self.name), "policy %r benched for %.2f s: %s",
+                      self.name, seconds, reason)
 
     def checkpoint_failed(self, exc: PolicyError) -> None:
         """A checkpoint's export failed (the hook itself had succeeded)."""
@@ -348,6 +422,7 @@ class Supervisor:
         self._rebuild_at = self._clock() + self._cooldown_s
         _rlog.error(("rebuild", self.name), "policy %r: cannot re-create the instance: %s",
                     self.name, detail)
+        self.bench(f"instance could not be re-created ({detail})", self._cooldown_s)
 
     def _schedule_rebuild(self) -> None:
         """Rebuild now, or — for an instance that died again within a cooldown of its
@@ -360,6 +435,8 @@ class Supervisor:
             self._rebuild_gap = min(self._cooldown_s, max(REBUILD_MIN_GAP_S, 2 * self._rebuild_gap))
         if self._rebuild_gap:
             self._rebuild_at = now + self._rebuild_gap
+            self.bench(f"instance keeps failing (died {now - self._last_rebuild:.2f} s after "
+                       f"it was re-created)", self._rebuild_gap)
         elif self._take_spare():
             self._last_rebuild = now
         else:
@@ -371,8 +448,7 @@ class Supervisor:
             self._rebuild = self.module.runtime.submit(
                 _build, self.module, dict(self.params), self.checkpoints.good_state)
         except RuntimeError as exc:  # closed runtime
-            self._recovery_error = str(exc)
-            self._rebuild_at = self._clock() + self._cooldown_s
+            self._rebuild_failed(str(exc))
 
 
 def new_breaker(limits, clock: Callable[[], float]) -> CircuitBreaker:

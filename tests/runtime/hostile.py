@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from wat_modules import wasm
 
-__all__ = ["HOSTILE", "MODEL", "hostile_wasm"]
+__all__ = ["HOSTILE", "MODEL", "SPIN_EVERY_OTHER", "TRAP_EVERY_OTHER", "hostile_wasm"]
 
 MODEL = "Hostile-model"
 
@@ -17,6 +17,12 @@ _NOTHING = "(nop)"
 _SPIN = "(loop $forever (br $forever))"
 _EVERY_OTHER = ("(if (i32.and (global.get $calls) (i32.const 1))"
                 " (then (return (call $fail (i32.const 16) (i32.const 16)))))")
+#: Each fresh instance's 2nd, 4th… score traps (the instance is re-created after a trap).
+TRAP_EVERY_OTHER = ("(if (i32.eqz (i32.and (global.get $calls) (i32.const 1)))"
+                    " (then unreachable))")
+#: Every 2nd score spins until its fuel runs out.
+SPIN_EVERY_OTHER = ("(if (i32.eqz (i32.and (global.get $calls) (i32.const 1)))"
+                    " (then (loop $forever (br $forever))))")
 _EVERY_THIRD_TRAPS = ("(if (i32.eqz (i32.rem_u (global.get $calls) (i32.const 3)))"
                       " (then unreachable))")
 _GROW = ("(drop (table.grow $t (ref.null func) (i32.const 25000000)))"
@@ -35,6 +41,8 @@ HOSTILE: dict[str, tuple[str, bytes]] = {
     "spin": ("score never returns", hostile_wasm(score_bad=_SPIN)),
     "trapping-hook": ("pre_request traps on every pick", hostile_wasm(pre_bad="unreachable")),
     "every-other": ("score fails every 2nd call", hostile_wasm(score_bad=_EVERY_OTHER)),
+    "trap-every-other": ("each instance's score traps on its 2nd call",
+                         hostile_wasm(score_bad=TRAP_EVERY_OTHER)),
     "slow-start-trap": ("a ~30 ms init, and score traps every 3rd call",
                         hostile_wasm(score_bad=_EVERY_THIRD_TRAPS, init_loops=15_000_000)),
     "hog": ("score grows its table and memory to the caps, then traps",
