@@ -14,9 +14,9 @@ class CircuitBreaker:
     """``closed`` -> ``open`` for ``cooldown_s`` -> ``half-open``: one trial call; its
     success closes the breaker, its failure re-opens it for another ``cooldown_s``.
 
-    It opens after ``failures`` consecutive failures, or once at least ``error_rate`` of
-    the last ``window`` outcomes were failures (a policy failing every 2nd call never
-    fails twice in a row), or when its owner trips it (:meth:`trip`: for a reason the
+    It opens after ``failures`` consecutive failures, or (when ``error_rate`` is given)
+    once at least ``error_rate`` of the last ``window`` outcomes were failures (a policy
+    failing every 2nd call never fails twice in a row), or when its owner trips it (:meth:`trip`: for a reason the
     breaker cannot see, time burned or an instance that keeps dying) for a time of its
     choosing. ``opens`` counts how often it opened.
 
@@ -33,12 +33,12 @@ class CircuitBreaker:
         cooldown_s: float,
         clock: Callable[[], float] = time.monotonic,
         *,
-        error_rate: float = 1.0,
+        error_rate: float | None = None,
         window: int = 1,
     ) -> None:
         if failures < 1:
             raise ValueError(f"CircuitBreaker failures must be >= 1, got {failures!r}")
-        if not 0 < error_rate <= 1 or window < 1:
+        if error_rate is not None and (not 0 < error_rate <= 1 or window < 1):
             raise ValueError(
                 f"CircuitBreaker needs 0 < error_rate <= 1 and window >= 1, "
                 f"got {error_rate!r} and {window!r}"
@@ -47,7 +47,10 @@ class CircuitBreaker:
         self.cooldown_s = cooldown_s
         self.clock = clock
         self.window = window
-        self._rate_failures = max(1, int(error_rate * window + 0.5 - 1e-9))
+        # Without an error rate only consecutive failures open it (the window then
+        # never fills up to a judgement).
+        self._rate_failures = (max(1, int(error_rate * window + 0.5 - 1e-9))
+                               if error_rate is not None else window + 1)
         self.state = self.CLOSED
         self.consecutive = 0
         self.opened_at = 0.0
