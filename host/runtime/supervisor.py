@@ -69,6 +69,8 @@ REBUILD_MIN_GAP_S = 0.05
 #: Largest last good state imported into the warm spare inside the failing call (a
 #: bigger one is imported on the rebuild thread while the policy sits out).
 SPARE_STATE_BYTES = 64 << 10
+#: The time burned in failing calls is judged over this many seconds.
+BURN_WINDOW_S = 1.0
 #: The stages with a breaker each (set_snapshot failures count for the call it preceded).
 STAGES = ("score", "filter", "pre_request", "post_response")
 #: Failures after which the guest's state is suspect: the instance is re-created.
@@ -175,12 +177,12 @@ class Supervisor:
     @property
     def reason(self) -> str:
         """Why the policy is not ``closed`` (empty when it is)."""
-        if self.recovering:
-            return self._recovery_error or "instance is being re-created"
         for s in self._stages:
             breaker = self._breakers[s]
             if breaker.state != "closed":
                 return f"{s}: {breaker.reason}"
+        if self.recovering:
+            return "instance is being re-created"
         return ""
 
     @property
@@ -242,14 +244,14 @@ class Supervisor:
         burned = self._burned
         burned.append((now, cost_ns))
         self._burned_ns += cost_ns
-        while burned[0][0] <= now - 1.0:
+        while burned[0][0] <= now - BURN_WINDOW_S:
             self._burned_ns -= burned.popleft()[1]
         if self._burned_ns > self._burn_budget_ns:
             spent, n = self._burned_ns / 1e6, len(burned)
             burned.clear()
             self._burned_ns = 0
             self.bench(f"{n} failing call{'s' if n > 1 else ''} took {spent:.0f} ms within "
-                       f"1 s, over the {self._burn_budget_ns / 1e6:g} ms budget",
+                       f"{BURN_WINDOW_S:g} s, over the {self._burn_budget_ns / 1e6:g} ms budget",
                        self._cooldown_s)
 
     def bench(self, reason: str, seconds: float) -> None:

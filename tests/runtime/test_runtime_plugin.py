@@ -9,7 +9,13 @@ import time
 import numpy as np
 import pytest
 import wasmtime
-from hostile import MODEL, SPIN_EVERY_OTHER, TRAP_EVERY_OTHER, hostile_wasm
+from hostile import (
+    MODEL,
+    SLOW_FAIL_EVERY_THIRD,
+    SPIN_EVERY_OTHER,
+    TRAP_EVERY_OTHER,
+    hostile_wasm,
+)
 from wat_modules import snapshot, wasm, wat_source
 
 from epick import abi
@@ -23,7 +29,7 @@ from epick.interfaces import (
     PreRequestPlugin,
     ScorePlugin,
 )
-from epick.runtime import Limits, PolicyError, Runtime, WasmPolicy
+from epick.runtime import Limits, PolicyCallError, PolicyError, Runtime, WasmPolicy
 
 LONG = "x" * 5000  # counter.wat's pre_request traps on inputs over 4000 bytes
 
@@ -673,3 +679,44 @@ def test_a_failed_trial_after_a_bench_benches_it_again(fake_clock):
         assert _score_outcome(plugin, c) == "out-of-fuel"  # closed again, then over budget
         assert _score_outcome(plugin, cycle(1)) == "circuit-open"
         assert plugin.breaker_opens == 2
+
+
+def test_slow_failures_under_the_error_rate_are_benched_by_the_time_they_burn(fake_clock):
+    """1 call in 3 fails after ~7 M instructions, returning an error (the instance lives
+    on): never twice in a row, a third of the calls — only the time budget catches it."""
+    budget_ms = 10.0
+    with Runtime(Limits(budget_ms=5000.0, breaker_burn_ms=budget_ms)) as rt:
+        mod = rt.compile(hostile_wasm(score_bad=SLOW_FAIL_EVERY_THIRD), name="slow")
+        plugin = WasmPolicy(mod, {}, clock=fake_clock)
+        c = hostile_cycle()
+        costs, outcomes = [], []
+        while not outcomes or outcomes[-1] != "circuit-open":
+            before = plugin.stats.failing_ms
+            outcomes.append(_score_outcome(plugin, c))
+            if outcomes[-1] == "error":
+                costs.append(plugin.stats.failing_ms - before)
+        assert outcomes[:-1] == ["ok", "ok", "error"] * len(costs)
+        assert sum(costs[:-1]) <= budget_ms < sum(costs)
+        assert plugin.stats.recoveries == 0 and plugin.breaker_state == "open"
+
+
+def _failing_call_of(plugin: WasmPolicy, ms: float) -> None:
+    """Report a failed score call that took ``ms`` (a synthetic cost: deterministic)."""
+    exc = PolicyCallError(plugin.name, "score", 3, "slow")
+    plugin.supervisor.failed("score", exc, time.perf_counter_ns() - int(ms * 1e6))
+
+
+def test_the_time_budget_is_judged_over_the_last_second(policy, fake_clock):
+    plugin = policy("flaky")  # Limits.breaker_burn_ms = 100
+    for _ in range(4):  # 4 x 60 ms, but 1 s apart: never 100 ms within a second
+        _failing_call_of(plugin, 60.0)
+        plugin.score(cycle(2), (0, 1))  # a success between: no consecutive failures
+        fake_clock.advance(1.0)
+    assert plugin.breaker_state == "closed"
+    _failing_call_of(plugin, 60.0)
+    fake_clock.advance(0.5)
+    _failing_call_of(plugin, 60.0)  # 120 ms within 0.5 s
+    assert plugin.breaker_state == "open" and plugin.breaker_opens == 1
+    assert plugin.supervisor.reason == ("score: 2 failing calls took 120 ms within 1 s, "
+                                        "over the 100 ms budget")
+    assert plugin.stats.failing_ms >= 360.0
