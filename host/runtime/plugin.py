@@ -157,6 +157,11 @@ class WasmPolicy:
         return self.supervisor.recovering
 
     @property
+    def closed(self) -> bool:
+        """:meth:`close` was called: the instance is released, calls raise RuntimeError."""
+        return self.supervisor.closed
+
+    @property
     def spare_ready(self) -> bool:
         """A warm spare instance is built and waiting (background recovery only)."""
         return self.supervisor.spare_ready
