@@ -64,10 +64,10 @@ def main(argv: list[str] | None = None) -> int:
             for key, plugin in plugins.items():  # warm up: snapshot delivered, caches hot
                 for _ in range(200):
                     plugin.score(cycles[key], everyone)
-            fuel = plugins["both"]._inst.fuel_used("score")
+            fuel = plugins["both"].supervisor.instance.fuel_used("score")
             guest = {}
             for key, plugin in plugins.items():  # the last input is still in guest memory
-                inst = plugin._inst
+                inst = plugin.supervisor.instance
                 size = len(cycles[key].score_input(everyone, inline_snapshot=not plugin._resident))
                 guest[key] = (inst._score.call3, inst._in_ptr, size, inst._out_ptr)
             samples: dict[str, list[float]] = {k: [] for k in plugins}
