@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import grpc
@@ -32,8 +33,10 @@ __all__ = ["Decider", "Verdict", "Refusal", "REFUSALS", "outcome_of", "outcome_o
 log = logging.getLogger("epick.api")
 
 
-class Verdict(NamedTuple):
-    """What :meth:`Decider.decide` answers; it never raises."""
+@dataclass(slots=True)
+class Verdict:
+    """What :meth:`Decider.decide` answers; it never raises. (A slotted class, not a
+    NamedTuple: half the cost to build, once per pick.)"""
 
     decision: Decision | None
     """The pick, or ``None`` when the request was refused."""

@@ -86,10 +86,10 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
 
     def answer_pick(self, msg: picker_pb2.PickRequest) -> Answer:
         """Decide one pick and encode the verdict; never raises."""
-        decision, outcome, message = self._decide(msg)
-        if decision is not None:
-            return to_response(decision), None
-        return None, (REFUSALS[outcome].grpc, message)
+        verdict = self._decide(msg)
+        if verdict.decision is not None:
+            return to_response(verdict.decision), None
+        return None, (REFUSALS[verdict.outcome].grpc, verdict.message)
 
     def answer_completion(self, msg: picker_pb2.CompletionReport) -> Answer:
         """Validate one completion report and run the post_response hooks; never raises."""
