@@ -78,11 +78,13 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
 
     def __init__(self, scheduler: Scheduler, telemetry=None, *,
                  allow_pinning: bool = False) -> None:
-        self.scheduler = scheduler
-        self.telemetry = telemetry
-        self.allow_pinning = allow_pinning
         self.decider = Decider(scheduler, telemetry, allow_pinning=allow_pinning)
+        self.scheduler = scheduler  # for ReportCompletion
         self._decide = self.decider.decide
+
+    @property
+    def telemetry(self):
+        return self.decider.telemetry
 
     def answer_pick(self, msg: picker_pb2.PickRequest) -> Answer:
         """Decide one pick and encode the verdict; never raises."""
