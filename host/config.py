@@ -31,6 +31,7 @@ __all__ = [
     "RuntimeConfig",
     "AdminConfig",
     "ExtProcConfig",
+    "OpenAIConfig",
     "DecisionsConfig",
     "KvEventsConfig",
     "load",
@@ -175,14 +176,42 @@ class AdminConfig(_Table):
         return os.environ.get(ADMIN_TOKEN_ENV) or self.token
 
 
+Objective = Literal["critical", "standard", "sheddable"]
+
+
+def _check_rewrites(key: str, rewrites: dict[str, str]) -> None:
+    for source, target in rewrites.items():
+        if not source or not target:
+            raise ValueError(f"{key}: {source!r} = {target!r}: names must not be empty")
+
+
+class OpenAIConfig(_Table):
+    """How an OpenAI request becomes a Pick (:mod:`epick.api.openai_request`), for every
+    front end that reads one: Envoy's ext_proc, the HTTP front end, the reference gateway
+    (``python -m epick.gateway --config``). The same three keys under ``[ext_proc]`` still
+    work; a key set in both places must have one value (else an error names both)."""
+
+    base_model: str = ""
+    """A body ``model`` equal to this is a base-model request; any other value names a LoRA
+    adapter of it (vLLM's naming). Required when ``ext_proc.listen`` is set."""
+    objectives: dict[str, Objective] = {}
+    """Objective header value (``x-llm-d-inference-objective``) -> criticality. An
+    objective not listed is standard; ``x-criticality`` wins over both."""
+    model_rewrites: dict[str, str] = {}
+    """Body ``model`` -> the model sent to the backend (and picked for); the header
+    ``x-llm-d-model-name-rewrite`` wins over it."""
+
+    def __post_init__(self) -> None:
+        _check_rewrites("openai.model_rewrites", self.model_rewrites)
+
+
 class ExtProcConfig(_Table):
     """The Envoy ext_proc adapter (docs/envoy.md): Envoy asks epick where each request goes."""
 
     listen: Address | Literal[""] = ""
     """Where the ``envoy.service.ext_proc.v3.ExternalProcessor`` server listens; empty = off."""
     base_model: str = ""
-    """A body ``model`` equal to this is a base-model request; any other value names a LoRA
-    adapter of it (vLLM's naming). Required when ``listen`` is set."""
+    """The older place of ``openai.base_model`` (still read; ``[openai]`` is the place)."""
     failure_mode: Literal["open", "closed"] = "closed"
     """When epick fails to decide (an internal error): ``open`` lets the request through
     without a destination (Envoy's default route takes it), ``closed`` answers 503."""
@@ -195,20 +224,26 @@ class ExtProcConfig(_Table):
     expose_endpoint: bool = False
     """Tell the client which backend served it (``x-gateway-destination-endpoint`` on the
     response). Off by default: backend addresses stay inside."""
-    objectives: dict[str, Literal["critical", "standard", "sheddable"]] = {}
-    """Objective header value (``x-llm-d-inference-objective``) -> criticality. An
-    objective not listed is standard; ``x-criticality`` wins over both."""
+    objectives: dict[str, Objective] = {}
+    """The older place of ``openai.objectives``."""
     model_rewrites: dict[str, str] = {}
-    """Body ``model`` -> the model sent to the backend (and picked for); the header
-    ``x-llm-d-model-name-rewrite`` wins over it."""
+    """The older place of ``openai.model_rewrites``."""
 
     def __post_init__(self) -> None:
-        if self.listen and not self.base_model:
-            raise ValueError("ext_proc.base_model is required when ext_proc.listen is set")
-        for source, target in self.model_rewrites.items():
-            if not source or not target:
-                raise ValueError(f"ext_proc.model_rewrites: {source!r} = {target!r}: names "
-                                 "must not be empty")
+        _check_rewrites("ext_proc.model_rewrites", self.model_rewrites)
+
+
+def _merge_openai(openai: OpenAIConfig, ext_proc: ExtProcConfig) -> OpenAIConfig:
+    """``[openai]`` with ``[ext_proc]``'s older keys filled in; a key set to two different
+    values is an error naming both (which one was meant cannot be guessed)."""
+    merged = {}
+    for key in ("base_model", "objectives", "model_rewrites"):
+        new, old = getattr(openai, key), getattr(ext_proc, key)
+        if new and old and new != old:
+            raise ValueError(f"openai.{key} ({new!r}) and ext_proc.{key} ({old!r}) disagree: "
+                             f"set it once, under [openai]")
+        merged[key] = new or old
+    return OpenAIConfig(**merged)
 
 
 class DecisionsConfig(_Table):
@@ -281,10 +316,17 @@ class Config(_Table):
     runtime: RuntimeConfig = RuntimeConfig()
     admin: AdminConfig = AdminConfig()
     ext_proc: ExtProcConfig = ExtProcConfig()
+    openai: OpenAIConfig = OpenAIConfig()
+    """The effective OpenAI settings: ``[openai]`` merged with ``[ext_proc]``'s older keys."""
     decisions: DecisionsConfig = DecisionsConfig()
     kv_events: KvEventsConfig = KvEventsConfig()
 
     def __post_init__(self) -> None:
+        # One place for the OpenAI settings: what every front end reads is config.openai.
+        msgspec.structs.force_setattr(self, "openai", _merge_openai(self.openai, self.ext_proc))
+        if self.ext_proc.listen and not self.openai.base_model:
+            raise ValueError("openai.base_model is required when ext_proc.listen is set "
+                             "(ext_proc.base_model, its older place, works too)")
         kv = [e.address for e in self.pool.endpoints if e.kv_events]
         if kv and not self.kv_events.tokenizer:
             raise ValueError(f"kv_events.tokenizer is required: endpoint {kv[0]!r} sets "

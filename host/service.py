@@ -360,9 +360,9 @@ class Service:
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(options=options)
-        picker_pb2_grpc.add_EndpointPickerServicer_to_server(
-            PickerService(self.scheduler, self.recorder,
-                          allow_pinning=self.config.server.allow_pinning), server)
+        picker = PickerService(self.scheduler, self.recorder,
+                               allow_pinning=self.config.server.allow_pinning)
+        picker_pb2_grpc.add_EndpointPickerServicer_to_server(picker, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (PICKER_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -386,9 +386,9 @@ class Service:
 
             def bind_ext_proc(_address: str) -> int:
                 nonlocal ext_proc
-                ext_proc, port = build_server(self.scheduler, self.config.ext_proc,
-                                              health=self.health, telemetry=self.recorder,
-                                              allow_pinning=self.config.server.allow_pinning)
+                # The Pick API's decider: one pick path for every front end.
+                ext_proc, port = build_server(picker.decider, self.config.ext_proc,
+                                              self.config.openai, health=self.health)
                 return port
 
             self.ext_proc_port = _listen(bind_ext_proc, self.config.ext_proc.listen,

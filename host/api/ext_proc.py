@@ -38,13 +38,15 @@ lets the request through with no destination header — Envoy's route for reques
 one takes it — and ``closed`` answers 503. Epick's *decisions* (429, 503, 400) are the
 same in both modes. Envoy's own ``failure_mode_allow`` covers epick being unreachable.
 
-Everything runs on the service's event-loop thread, like the Pick API: the scheduler is
+The request is read with the ``[openai]`` settings (:mod:`epick.api.openai_request`) and
+decided by the one pick path every front end shares (:class:`epick.api.decide.Decider`:
+validation, scheduling, outcome label, telemetry); this module only speaks Envoy's side.
+Everything runs on the service's event-loop thread, like the Pick API: the decider is
 called synchronously from the stream's coroutine.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -59,11 +61,17 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2_grpc
 
 from epick import abi
-from epick.api.openai_request import InvalidArgument, OpenAIRequest, translate
-from epick.api.picker import pin_of, to_request
+from epick.api.decide import Decider
+from epick.api.openai_request import (
+    DROPPED_REASON_HEADER,
+    OpenAIError,
+    OpenAIRequest,
+    refusal,
+    translate_with,
+)
 from epick.api.usage import UsageReader
-from epick.config import ExtProcConfig
-from epick.scheduler.scheduler import Decision, Scheduler, Shed, Unavailable
+from epick.config import ExtProcConfig, OpenAIConfig
+from epick.scheduler.scheduler import Decision
 
 __all__ = [
     "ExtProcService",
@@ -85,8 +93,6 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 #: Response header carrying the decision id (to correlate logs, or report by hand).
 DECISION_HEADER = "x-epick-decision-id"
-#: Upstream's header on a 429/503 that says why the request was dropped.
-DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
 #: Where a data plane puts the endpoints a pick must come from (proposal 004).
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
@@ -118,15 +124,16 @@ def immediate(status: int, message: str, kind: str, *, reason: str = "") -> ep.P
     """An OpenAI-style JSON error Envoy sends to the client instead of forwarding.
 
     ``reason`` fills upstream's ``x-llm-d-request-dropped-reason`` (429 and 503)."""
-    body = json.dumps({"error": {"message": message, "type": kind, "code": status}})
-    headers = [_header("content-type", "application/json")]
-    if reason:
-        headers.append(_header(DROPPED_REASON_HEADER, reason))
+    return _immediate(OpenAIError(status, kind, message, reason))
+
+
+def _immediate(error: OpenAIError) -> ep.ProcessingResponse:
     return ep.ProcessingResponse(immediate_response=ep.ImmediateResponse(
-        status=http_status_pb2.HttpStatus(code=status),
-        headers=ep.HeaderMutation(set_headers=headers),
-        body=body.encode(),
-        details=f"epick_{kind}",
+        status=http_status_pb2.HttpStatus(code=error.status),
+        headers=ep.HeaderMutation(set_headers=[_header(k, v)
+                                               for k, v in error.headers().items()]),
+        body=error.body(),
+        details=f"epick_{error.kind}",
     ))
 
 
@@ -174,7 +181,7 @@ class _Stream:
         self.chunks: list[bytes] = []
         self.size = 0
         self.subset: list[str] | None = None
-        self.subset_error = ""
+        self.subset_error: ValueError | None = None
         self.started = time.perf_counter()
         self.decision: Decision | None = None
         self.status: int | None = None
@@ -260,56 +267,35 @@ class _Stream:
         return self._route(end=True)
 
     def _route(self, *, end: bool | None) -> list[ep.ProcessingResponse]:
-        """Schedule; ``end``: None = body-less, True = the body ended, False = trailers
+        """Decide; ``end``: None = body-less, True = the body ended, False = trailers
         follow the body."""
         svc = self.svc
         t0 = time.perf_counter()
-        outcome = "ok"
+        if self.subset_error is not None:  # Envoy's configuration, not the client: a 500
+            svc.decider.refuse(self.subset_error, started=t0)
+            return self._end(immediate(500, f"epick ext_proc: {self.subset_error}",
+                                       "server_error", reason="rejected-internal"))
         raw = b"".join(self.chunks) if len(self.chunks) != 1 else self.chunks[0]
         try:
-            if self.subset_error:
-                outcome = "error"
-                return self._end(immediate(500, f"epick ext_proc: {self.subset_error}",
-                                           "server_error", reason="rejected-internal"))
-            parsed = translate(self.headers, self.headers.get(":path", "/"), raw or None,
-                               base_model=svc.config.base_model,
-                               objectives=svc.config.objectives,
-                               rewrites=svc.config.model_rewrites)
-            pin = pin_of(parsed.pick, allow_pinning=svc.allow_pinning)
-            request = to_request(parsed.pick)
-            if pin:
-                decision = svc.scheduler.schedule(request, pin=pin)
-            elif self.subset is not None:
-                decision = svc.scheduler.schedule(request, subset=self.subset)
-            else:
-                decision = svc.scheduler.schedule(request)
-            self.decision = decision
-        except InvalidArgument as exc:
-            outcome = "invalid"
-            return self._end(immediate(400, f"malformed request: {exc}",
-                                       "invalid_request_error"))
-        except Shed as exc:
-            outcome = exc.outcome
-            return self._end(immediate(429, f"epick: {exc}", "rate_limit_exceeded",
-                                       reason="rejected-saturated"))
-        except Unavailable as exc:
-            outcome = exc.outcome
-            return self._end(immediate(503, f"epick: {exc}", "service_unavailable",
-                                       reason="rejected-no-endpoints"))
-        except Exception as exc:  # a bug: never take the stream down; obey failure_mode
-            outcome = "error"
-            log.exception("ext_proc: scheduling failed (failure_mode=%s)", svc.config.failure_mode)
+            parsed = translate_with(svc.openai, self.headers, self.headers.get(":path", "/"),
+                                    raw or None)
+        except Exception as exc:  # malformed (invalid), or a bug (error)
+            parsed, verdict = None, svc.decider.refuse(exc, started=t0)
+        else:
+            verdict = svc.decider.decide(parsed.pick, subset=self.subset, started=t0)
+        decision = verdict.decision
+        if decision is None:
+            if verdict.outcome != "error":  # epick's decision: the same in both modes
+                return self._end(_immediate(refusal(verdict.outcome, verdict.message)))
             if svc.config.failure_mode == "closed":
-                return self._end(immediate(503, f"epick: internal error: {exc!r}",
+                return self._end(immediate(503, f"epick: {verdict.message}",
                                            "service_unavailable", reason="rejected-internal"))
             # Open: no destination at all (a client's own copy is dropped too), so Envoy's
             # route for requests without one serves it.
             common = ep.CommonResponse(header_mutation=ep.HeaderMutation(
                 remove_headers=[DESTINATION_HEADER]), clear_route_cache=True)
             return self._continue(common, None, None, end)
-        finally:
-            if svc.telemetry is not None:
-                svc.telemetry.pick_done(outcome, time.perf_counter() - t0)
+        self.decision = decision
 
         value = ",".join([decision.endpoint, *decision.fallbacks[:svc.config.fallbacks]])
         set_headers = [_header(DESTINATION_HEADER, value)]
@@ -393,7 +379,7 @@ class _Stream:
             try:
                 subset = _subset(ctx)
             except ValueError as exc:
-                self.subset_error = str(exc)
+                self.subset_error = exc
             else:
                 if subset is not None:
                     self.subset = subset
@@ -431,21 +417,21 @@ class _Stream:
 
 
 class ExtProcService(ep_grpc.ExternalProcessorServicer):
-    """Serves ``Process`` streams from a :class:`Scheduler` on the event-loop thread.
+    """Serves ``Process`` streams through ``decider`` (the pick path every front end
+    shares) on the event-loop thread, reading requests with the ``openai`` settings.
 
-    ``telemetry`` (optional) gets ``pick_done(outcome, seconds)`` like the Pick API's;
     ``on_complete(decision, status, usage)`` (optional) sees every reported completion
     (with the :class:`UsageReader`, or ``None`` when no body was read).
     """
 
-    def __init__(self, scheduler: Scheduler, config: ExtProcConfig, telemetry=None, *,
-                 allow_pinning: bool = False, on_complete=None) -> None:
-        if not config.base_model:
-            raise ValueError("ExtProcService needs config.base_model (ext_proc.base_model)")
-        self.scheduler = scheduler
+    def __init__(self, decider: Decider, config: ExtProcConfig, openai: OpenAIConfig, *,
+                 on_complete=None) -> None:
+        if not openai.base_model:
+            raise ValueError("ExtProcService needs a base model (openai.base_model)")
+        self.decider = decider
+        self.scheduler = decider.scheduler
         self.config = config
-        self.telemetry = telemetry
-        self.allow_pinning = allow_pinning
+        self.openai = openai
         self.on_complete = on_complete
 
     async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest],
@@ -461,9 +447,8 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
             stream.finish()
 
 
-def build_server(scheduler: Scheduler, config: ExtProcConfig, *, health=None,
-                 telemetry=None, allow_pinning: bool = False,
-                 on_complete=None) -> tuple[grpc.aio.Server, int]:
+def build_server(decider: Decider, config: ExtProcConfig, openai: OpenAIConfig, *,
+                 health=None, on_complete=None) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server (not started) serving ext_proc (and ``health``, if given) on
     ``config.listen``; returns it and the bound port. Raises OSError if it cannot bind."""
     # A ProcessingRequest carries the whole body in BUFFERED mode: allow Envoy's buffer
@@ -471,8 +456,7 @@ def build_server(scheduler: Scheduler, config: ExtProcConfig, *, health=None,
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
                                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     ep_grpc.add_ExternalProcessorServicer_to_server(
-        ExtProcService(scheduler, config, telemetry, allow_pinning=allow_pinning,
-                       on_complete=on_complete), server)
+        ExtProcService(decider, config, openai, on_complete=on_complete), server)
     if health is not None:
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
     port = server.add_insecure_port(config.listen)

@@ -1,10 +1,14 @@
-"""An OpenAI request turned into a :class:`PickRequest` — the one translation that both
-gateways use (the ext_proc adapter, ``epick.api.ext_proc``, and the reference gateway,
-``epick.gateway``), so a request is picked for the same way whichever way it came in.
+"""An OpenAI request turned into a :class:`PickRequest`, and a refused pick into an
+OpenAI error — the one translation every front end that speaks OpenAI uses (the ext_proc
+adapter, ``epick.api.ext_proc``; the HTTP front end; the reference gateway,
+``epick.gateway``), so a request is picked for, and refused, the same way whichever way
+it came in. Its settings are the config's ``[openai]`` (:class:`epick.config.OpenAIConfig`).
 
-:func:`translate` takes the request's headers (lower-case names), its path and its body,
-and returns an :class:`OpenAIRequest` or raises :class:`InvalidArgument` naming what is
-wrong (both gateways answer that with a 400). The rules:
+:func:`translate_with` (or :func:`translate`, the settings spelled out) takes the
+request's headers (lower-case names), its path and its body, and returns an
+:class:`OpenAIRequest` or raises :class:`InvalidArgument` naming what is wrong (a 400).
+:func:`refusal` says a refused :class:`~epick.api.decide.Verdict` as status, JSON body
+and upstream's dropped-reason header. The rules:
 
 - ``model`` equal to the base model is a base-model request; any other value names a
   LoRA adapter of that base model (vLLM's naming). A model rewrite (the header
@@ -21,7 +25,7 @@ wrong (both gateways answer that with a 400). The rules:
 - ``x-request-id`` is the request id, a body ``cache_salt`` the salt, and
   ``x-epick-pin-endpoint`` asks for one endpoint (``PickRequest.pin_endpoint``).
 
-Field limits and name rules are the Pick API's own (:func:`epick.api.picker.to_request`).
+Field limits and name rules are the Pick API's own (:func:`epick.api.validate.to_request`).
 """
 
 from __future__ import annotations
@@ -30,13 +34,21 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from epick.api.decide import REFUSALS
 from epick.api.gen.epick.v1 import picker_pb2 as pb
-from epick.api.picker import InvalidArgument
+from epick.api.validate import InvalidArgument
 from epick.chat import serialize_messages
+from epick.config import ConfigError, OpenAIConfig, load
 
 __all__ = [
     "OpenAIRequest",
+    "OpenAIError",
     "translate",
+    "translate_with",
+    "load_settings",
+    "OpenAIConfig",
+    "ConfigError",
+    "refusal",
     "InvalidArgument",
     "OWN_HEADERS",
     "OBJECTIVE_HEADERS",
@@ -49,6 +61,8 @@ CRITICALITY = {"critical": pb.CRITICAL, "standard": pb.STANDARD, "sheddable": pb
 OBJECTIVE_HEADERS = ("x-llm-d-inference-objective", "x-gateway-inference-objective")
 REWRITE_HEADER = "x-llm-d-model-name-rewrite"
 PIN_HEADER = "x-epick-pin-endpoint"
+#: Upstream's header on a refusal that says why the request was dropped.
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
 #: Headers the gateways set or consume themselves; a client's copy never reaches policies.
 OWN_HEADERS = frozenset({"x-gateway-destination-endpoint", "x-epick-decision-id", PIN_HEADER})
 
@@ -56,7 +70,7 @@ OWN_HEADERS = frozenset({"x-gateway-destination-endpoint", "x-epick-decision-id"
 @dataclass(slots=True)
 class OpenAIRequest:
     pick: pb.PickRequest
-    """What to ask the scheduler (not yet validated: :func:`epick.api.picker.to_request`)."""
+    """What to ask the scheduler (not yet validated: :func:`epick.api.validate.to_request`)."""
     body: bytes | None
     """The body to forward: the original bytes, or the rewritten ones (see ``rewritten``)."""
     rewritten: bool = False
@@ -141,3 +155,47 @@ def translate(headers: Mapping[str, str], path: str, body: bytes | None, *, base
         pin_endpoint=headers.get(PIN_HEADER, "").strip(),
     )
     return OpenAIRequest(pick=pick, body=out_body, rewritten=rewritten, stream=stream)
+
+
+def translate_with(settings: OpenAIConfig, headers: Mapping[str, str], path: str,
+                   body: bytes | None) -> OpenAIRequest:
+    """:func:`translate` with the config's ``[openai]`` settings."""
+    return translate(headers, path, body, base_model=settings.base_model,
+                     objectives=settings.objectives, rewrites=settings.model_rewrites)
+
+
+def load_settings(path: str) -> OpenAIConfig:
+    """The OpenAI settings of the epick config file at ``path`` (``[openai]``, with
+    ``[ext_proc]``'s older keys), for a front end outside the service (the reference
+    gateway). Raises :class:`epick.config.ConfigError` naming the file."""
+    return load(path).openai
+
+
+@dataclass(slots=True, frozen=True)
+class OpenAIError:
+    """An OpenAI-style error answer: ``{"error": {"message", "type", "code"}}``."""
+
+    status: int
+    kind: str
+    """The error's ``type`` (``invalid_request_error``, ``rate_limit_exceeded``, ...)."""
+    message: str
+    reason: str = ""
+    """Upstream's ``x-llm-d-request-dropped-reason`` (``""``: not sent)."""
+
+    def body(self) -> bytes:
+        return json.dumps({"error": {"message": self.message, "type": self.kind,
+                                     "code": self.status}}).encode()
+
+    def headers(self) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if self.reason:
+            headers[DROPPED_REASON_HEADER] = self.reason
+        return headers
+
+
+def refusal(outcome: str, message: str) -> OpenAIError:
+    """How a refused pick (a verdict's ``outcome`` and ``message``) is told to an OpenAI
+    client: the status, type and dropped reason of :data:`epick.api.decide.REFUSALS`."""
+    r = REFUSALS[outcome]
+    prefix = "malformed request: " if outcome == "invalid" else "epick: "
+    return OpenAIError(r.http, r.kind, prefix + message, r.reason)

@@ -5,12 +5,14 @@ Per request::
 
     GET  /v1/models      forwarded to a replica epick picks for the base model
     POST /v1/completions | /v1/chat/completions  (JSON body)
-      1. the PickRequest from headers and body: epick.api.openai_request.translate, the
-         same translation the Envoy ext_proc adapter uses (model/adapter, prompt, model
-         rewrite, criticality from x-criticality or the objective header, pinning)
-      2. Pick(...)  -> endpoint + fallbacks + decision_id
+      1. the PickRequest from headers and body: epick.api.openai_request.translate_with
+         and the [openai] settings, the same translation the Envoy ext_proc adapter uses
+         (model/adapter, prompt, model rewrite, criticality from x-criticality or the
+         objective header, pinning)
+      2. Pick(...)  -> endpoint + fallbacks + decision_id; a refusal is told as every
+         front end tells it (epick.api.decide.REFUSALS via openai_request.refusal):
             RESOURCE_EXHAUSTED -> 429, UNAVAILABLE -> 503 (both with upstream's
-            x-llm-d-request-dropped-reason), INVALID_ARGUMENT -> 400
+            x-llm-d-request-dropped-reason), INVALID_ARGUMENT -> 400, INTERNAL -> 500
       3. forward to the endpoint (the rewritten body, if the model was rewritten); if it
          refuses the connection, the next fallback
       4. stream the answer back as it comes (SSE when the body asked for stream: true),
@@ -34,31 +36,38 @@ import aiohttp
 import grpc
 from aiohttp import web
 
+from epick.api.decide import outcome_of_code
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 from epick.api.gen.epick.v1 import picker_pb2_grpc
-from epick.api.openai_request import InvalidArgument, translate
+from epick.api.openai_request import (
+    InvalidArgument,
+    OpenAIConfig,
+    OpenAIError,
+    refusal,
+    translate_with,
+)
 from epick.api.usage import UsageReader
 
 __all__ = ["Gateway", "GatewayStats", "make_app"]
 
 log = logging.getLogger("epick.gateway")
 
-_HTTP_FOR = {
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-}
-#: Upstream's x-llm-d-request-dropped-reason for the refusals that carry one.
-_DROPPED = {429: "rejected-saturated", 503: "rejected-no-endpoints"}
 # Hop-by-hop headers a proxy must not forward (plus what aiohttp recomputes).
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
         "content-length", "host", "content-encoding"}
 
 
-def _error(status: int, message: str, kind: str) -> web.Response:
-    headers = {"x-llm-d-request-dropped-reason": _DROPPED[status]} if status in _DROPPED else None
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}},
-                             status=status, headers=headers)
+def _error(error: OpenAIError) -> web.Response:
+    return web.Response(body=error.body(), status=error.status, headers=error.headers())
+
+
+def _refused(exc: grpc.aio.AioRpcError) -> OpenAIError:
+    """A failed Pick, told as every front end tells that outcome."""
+    return refusal(outcome_of_code(exc.code()), exc.details() or str(exc.code()))
+
+
+_ALL_REFUSED = OpenAIError(502, "bad_gateway",
+                           "every endpoint epick offered refused the connection")
 
 
 @dataclass
@@ -77,9 +86,9 @@ class Gateway:
                  objectives: dict[str, str] | None = None,
                  model_rewrites: dict[str, str] | None = None,
                  expose_endpoint: bool = False):
-        self.base_model = base_model
-        self.objectives = objectives or {}
-        self.model_rewrites = model_rewrites or {}
+        # The [openai] settings (python -m epick.gateway --config reads them from a file).
+        self.openai = OpenAIConfig(base_model=base_model, objectives=objectives or {},
+                                   model_rewrites=model_rewrites or {})
         self.expose_endpoint = expose_endpoint
         self.channel = grpc.aio.insecure_channel(epick_target)
         self.picker = picker_pb2_grpc.EndpointPickerStub(self.channel)
@@ -98,23 +107,20 @@ class Gateway:
         try:
             if not raw:
                 raise InvalidArgument("the body is empty; it must be a JSON object")
-            parsed = translate({k.lower(): v for k, v in request.headers.items()},
-                               request.path, raw, base_model=self.base_model,
-                               objectives=self.objectives, rewrites=self.model_rewrites)
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            parsed = translate_with(self.openai, headers, request.path, raw)
         except InvalidArgument as exc:
-            self.stats.outcomes[400] += 1
-            return _error(400, f"malformed request: {exc}", "invalid_request_error")
+            error = refusal("invalid", str(exc))
+            self.stats.outcomes[error.status] += 1
+            return _error(error)
 
         t_pick = time.perf_counter()
         try:
             decision = await self.picker.Pick(parsed.pick, timeout=2.0)
         except grpc.aio.AioRpcError as exc:
-            status = _HTTP_FOR.get(exc.code(), 503)
-            self.stats.outcomes[status] += 1
-            kind = {429: "rate_limit_exceeded", 400: "invalid_request_error"}.get(
-                status, "service_unavailable")
-            prefix = "malformed request: " if status == 400 else "epick: "
-            return _error(status, f"{prefix}{exc.details()}", kind)
+            error = _refused(exc)
+            self.stats.outcomes[error.status] += 1
+            return _error(error)
         self.stats.pick_latency_s.append(time.perf_counter() - t_pick)
 
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
@@ -130,17 +136,16 @@ class Gateway:
             return await self._relay(request, upstream, decision.decision_id, endpoint, t0)
         await self._report(decision.decision_id, decision.endpoint, pb.ERROR, None)
         self.stats.outcomes[502] += 1
-        return _error(502, "every endpoint epick offered refused the connection", "bad_gateway")
+        return _error(_ALL_REFUSED)
 
     async def models(self, request: web.Request) -> web.Response:
         """``GET /v1/models``: what a replica epick picks for the base model serves (its
         base model and loaded adapters), as OpenAI clients and benchmark tools expect."""
         try:
-            decision = await self.picker.Pick(pb.PickRequest(model=self.base_model),
+            decision = await self.picker.Pick(pb.PickRequest(model=self.openai.base_model),
                                               timeout=2.0)
         except grpc.aio.AioRpcError as exc:
-            return _error(_HTTP_FOR.get(exc.code(), 503), f"epick: {exc.details()}",
-                          "service_unavailable")
+            return _error(_refused(exc))
         for endpoint in [decision.endpoint, *decision.fallbacks]:
             try:
                 async with self.http.get(f"http://{endpoint}/v1/models") as upstream:
@@ -151,8 +156,7 @@ class Gateway:
                                pb.OK if status < 400 else pb.ERROR, None)
             return web.Response(body=body, status=status, content_type="application/json")
         await self._report(decision.decision_id, decision.endpoint, pb.ERROR, None)
-        return _error(502, "every endpoint epick offered refused the connection",
-                      "bad_gateway")
+        return _error(_ALL_REFUSED)
 
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse,
                      decision_id: str, endpoint: str, t0: float) -> web.StreamResponse:

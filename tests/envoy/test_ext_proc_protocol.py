@@ -14,15 +14,20 @@ import threading
 import time
 
 import grpc
+import msgspec
 import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from epick_service import spy_complete
+from epick_service import make_config as service_config
+from epick_service import running, spy_complete
 from fakes import vllm_page
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from epick import config as cfg
+from epick import telemetry
 
 HEADER = "x-gateway-destination-endpoint"
 DROPPED = "x-llm-d-request-dropped-reason"
@@ -486,3 +491,47 @@ def test_the_example_epick_config_matches_the_example_envoy_configs():
         assert [e.address for e in conf.pool.endpoints] == replicas
         assert (conf.ext_proc.failure_mode == "closed") == (
             "failure_mode_allow: false" in envoy_yaml)
+
+
+# -- the one pick path and the [openai] settings ---------------------------------------------
+
+def picks_recorded() -> dict[str, float]:
+    return {o: telemetry.REGISTRY.get_sample_value("epick_picks_total", {"outcome": o}) or 0.0
+            for o in telemetry.PICK_OUTCOMES}
+
+
+def test_the_openai_section_alone_configures_the_translation(pool, tmp_path):
+    raw = msgspec.to_builtins(service_config(pool, policies=("load",), tmp=tmp_path))
+    raw["ext_proc"] = {"listen": "127.0.0.1:0"}
+    raw["openai"] = {"base_model": "base", "model_rewrites": {"chat": "base"},
+                     "objectives": {"batch": "sheddable"}}
+    with running(msgspec.convert(raw, cfg.Config)) as svc:
+        out = converse(svc, [headers_msg(), body_msg({"model": "chat", "prompt": "hi"})])
+        assert json.loads(out[1].request_body.response.body_mutation.body)["model"] == "base"
+        assert set_headers(out[1].request_body.response)[HEADER] in pool
+
+
+def test_a_failure_to_decide_fails_open_without_a_destination_and_is_counted(epick, pool):
+    svc = epick(pool, failure_mode="open")
+
+    def schedule(request, **kw):
+        raise RuntimeError("policy set exploded")
+
+    svc.call(setattr, svc.service.scheduler, "schedule", schedule)
+    before = picks_recorded()
+    out = converse(svc, [headers_msg(), body_msg({"model": "base", "prompt": "hi"})])
+    assert not any(r.HasField("immediate_response") for r in out)
+    mutation = out[1].request_body.response.header_mutation
+    assert list(mutation.remove_headers) == [HEADER] and not mutation.set_headers
+    assert picks_recorded()["error"] == before["error"] + 1
+
+
+def test_a_body_that_is_not_json_is_counted_invalid_like_any_malformed_pick(epick, pool):
+    svc = epick(pool)
+    before = picks_recorded()
+    out = converse(svc, [headers_msg(), body_msg(b"{not json")])
+    status, body, _ = immediate_of(out[-1])
+    assert status == 400 and body["error"]["message"].startswith(
+        "malformed request: the body is not valid JSON")
+    after = picks_recorded()
+    assert {o: after[o] - before[o] for o in after if after[o] != before[o]} == {"invalid": 1}

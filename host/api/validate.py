@@ -1,0 +1,144 @@
+"""The edge of the Pick API: a :class:`PickRequest` checked field by field and turned into
+the policies' :class:`abi.Request`, so nothing behind it re-checks. Every front end's
+request passes here (through :meth:`epick.api.decide.Decider.decide`); an error is an
+:class:`InvalidArgument` naming the field and what was wrong.
+"""
+
+from __future__ import annotations
+
+import random
+
+from epick import abi
+from epick.api.gen.epick.v1 import picker_pb2
+
+__all__ = ["InvalidArgument", "to_request", "pin_of", "to_completion", "random_seed",
+           "MAX_PROMPT_BYTES", "MAX_NAME", "MAX_HEADERS", "MAX_HEADER_BYTES"]
+
+#: Limits on request fields; beyond them a request is INVALID_ARGUMENT.
+MAX_PROMPT_BYTES = 4 << 20
+MAX_NAME = 256
+MAX_HEADERS = 128
+MAX_HEADER_BYTES = 16 << 10
+
+# PickRequest.Criticality -> abi.Criticality (UNSPECIFIED means STANDARD).
+_CRITICALITY = {
+    picker_pb2.CRITICALITY_UNSPECIFIED: abi.Criticality.STANDARD,
+    picker_pb2.CRITICAL: abi.Criticality.CRITICAL,
+    picker_pb2.STANDARD: abi.Criticality.STANDARD,
+    picker_pb2.SHEDDABLE: abi.Criticality.SHEDDABLE,
+}
+_COMPLETION = {
+    picker_pb2.OK: abi.CompletionStatus.OK,
+    picker_pb2.ERROR: abi.CompletionStatus.ERROR,
+    picker_pb2.CANCELLED: abi.CompletionStatus.CANCELLED,
+}
+
+
+class InvalidArgument(ValueError):
+    """A request field is malformed; the message names the field and what was wrong."""
+
+
+def _check_name(field: str, value: str, *, required: bool = False) -> None:
+    if required and not value:
+        raise InvalidArgument(f"{field} is required")
+    if len(value) > MAX_NAME:
+        raise InvalidArgument(f"{field} is {len(value)} characters long; the limit is {MAX_NAME}")
+    if "," in value:
+        raise InvalidArgument(f"{field} {value!r} contains a comma, which no model server allows")
+    if value != value.strip():
+        raise InvalidArgument(f"{field} {value!r} has leading or trailing whitespace")
+    if not value.isprintable():
+        raise InvalidArgument(f"{field} {value!r} contains control characters")
+
+
+def random_seed() -> int:
+    """A fresh u64 seed for a request that brought none (the API's default, so the
+    scheduler only ever sees seeded requests)."""
+    return random.getrandbits(64)
+
+
+def to_request(msg: picker_pb2.PickRequest) -> abi.Request:
+    """Validate a PickRequest and turn it into the policies' :class:`abi.Request`."""
+    # Each protobuf field access builds a new Python object (a str decoded from UTF-8
+    # for the prompt): read every field once.
+    model, adapter, prompt = msg.model, msg.adapter, msg.prompt
+    request_id, cache_salt, headers = msg.request_id, msg.cache_salt, msg.headers
+    _check_name("PickRequest.model", model, required=True)
+    if adapter:
+        _check_name("PickRequest.adapter", adapter)
+    if len(request_id) > MAX_NAME:
+        raise InvalidArgument(
+            f"PickRequest.request_id is {len(request_id)} characters long; "
+            f"the limit is {MAX_NAME}"
+        )
+    if cache_salt:
+        if len(cache_salt) > MAX_NAME:
+            raise InvalidArgument(
+                f"PickRequest.cache_salt is {len(cache_salt)} characters long; "
+                f"the limit is {MAX_NAME}"
+            )
+        if "\0" in cache_salt:
+            # The prefix hash frames the salt with NUL bytes (policies/ABI.md).
+            raise InvalidArgument("PickRequest.cache_salt contains a NUL character")
+    # A character is at most 4 UTF-8 bytes: only a long prompt needs encoding to count.
+    if len(prompt) * 4 > MAX_PROMPT_BYTES:
+        prompt_bytes = len(prompt.encode())
+        if prompt_bytes > MAX_PROMPT_BYTES:
+            raise InvalidArgument(
+                f"PickRequest.prompt is {prompt_bytes} bytes; the limit is {MAX_PROMPT_BYTES}"
+            )
+    criticality = _CRITICALITY.get(msg.criticality)
+    if criticality is None:
+        raise InvalidArgument(
+            f"PickRequest.criticality {msg.criticality} is not one of CRITICAL (1), "
+            "STANDARD (2), SHEDDABLE (3)"
+        )
+    if headers:
+        if len(headers) > MAX_HEADERS:
+            raise InvalidArgument(
+                f"PickRequest.headers has {len(headers)} entries; the limit is {MAX_HEADERS}"
+            )
+        headers = dict(headers)
+        if sum(len(k) + len(v) for k, v in headers.items()) > MAX_HEADER_BYTES:
+            raise InvalidArgument(f"PickRequest.headers exceed {MAX_HEADER_BYTES} bytes in total")
+    else:
+        headers = {}
+    return abi.Request(
+        request_id=request_id,
+        model=model,
+        adapter=adapter,
+        prompt=prompt,
+        criticality=criticality,
+        seed=msg.seed if msg.HasField("seed") else random_seed(),
+        cache_salt=cache_salt,
+        headers=headers,
+    )
+
+
+def pin_of(msg: picker_pb2.PickRequest, *, allow_pinning: bool) -> str:
+    """The endpoint ``msg`` pins (``""``: none); refused unless pinning is allowed."""
+    pin = msg.pin_endpoint
+    if not pin:
+        return ""
+    if not allow_pinning:
+        raise InvalidArgument(
+            f"PickRequest.pin_endpoint {pin!r} is refused: pinning is off on this server "
+            "(set [server] allow_pinning = true to allow it)")
+    _check_name("PickRequest.pin_endpoint", pin)
+    host, sep, port = pin.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise InvalidArgument(f"PickRequest.pin_endpoint {pin!r} is not host:port")
+    return pin
+
+
+def to_completion(msg: picker_pb2.CompletionReport) -> abi.CompletionStatus:
+    """Validate a CompletionReport; its status as :class:`abi.CompletionStatus`."""
+    if not msg.decision_id and not msg.request_id:
+        raise InvalidArgument("CompletionReport needs decision_id or request_id; both are empty")
+    status = _COMPLETION.get(msg.status)
+    if status is None:
+        raise InvalidArgument(
+            f"CompletionReport.status {msg.status} is not one of OK (0), ERROR (1), "
+            "CANCELLED (2)"
+        )
+    return status
