@@ -72,12 +72,18 @@ def test_the_report_names_the_regressed_size_only():
     for tree, base in ((130, 100), (125, 100), (140, 100)):
         got.add("tree", 8, tree)
         got.add("base", 8, base)
+    # The ratio is the median of the pairs (1.10), not of the sides' medians (1.30 / 1.0).
+    for tree, base in ((110, 100), (200, 250), (130, 100)):
+        got.add("tree", 16, tree)
+        got.add("base", 16, base)
     for tree, base in ((130, 100), (100, 100), (140, 100)):
         got.add("tree", 64, tree)
         got.add("base", 64, base)
     lines, failed = regress.report((8, 64), got, 1.15)
     assert failed
-    assert lines[0].startswith("8 endpoints: base p50 100.0 µs, tree p50 130.0 µs, "
+    assert "ratio tree ÷ base 1.100 (per alternation 1.10 0.80 1.30)" in regress.report(
+        (16,), got, 1.15)[0][0]
+    assert lines[0].startswith("8 endpoints: base p50 100.0 µs, tree p50 130.0 µs (medians), "
                                "ratio tree ÷ base 1.300 (per alternation 1.30 1.25 1.40)")
     assert "REGRESSION" in lines[0] and "REGRESSION" not in lines[1]
     assert not regress.report((8, 64), got, None)[1]  # no limit: report only
