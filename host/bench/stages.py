@@ -1,27 +1,32 @@
 """``python -m epick.bench.stages``: where each microsecond of a decision goes, per stage and policy.
 
+    python -m epick.bench.stages [--endpoints 8,64] [--picks 2000] [--rounds 2]
+
 Builds the real service as ``python -m epick.bench.answer`` does (the three default WASM
 policies, ``--endpoints`` vLLM-like pages scraped once) and times ``answer_pick`` on the
-same request mix twice, alternating rounds: plain, and with a probe around each piece of
-the pick path (:data:`PROBES`). A probe keeps its piece's *own* time (minus the probed
-pieces inside it), so the rows add up to the instrumented total; the probes' own cost is
-the gap between that and the plain total, printed below the table.
+same request mix: once with no probe, and once per piece of the pick path (:data:`PROBES`)
+with a probe around that piece alone — so a piece's *whole* time carries no other probe's
+cost. Turns rotate every :data:`CHUNK` requests, so a load spike on a shared machine hits
+every piece alike; each figure is the mean over the fastest nine tenths of its picks (the
+slowest tenth, preempted or collecting garbage, would swamp a mean). One run with every
+probe in says which piece runs inside which, and a row is its piece's *own* time: its
+whole time minus the whole times of the pieces inside it. So the rows add up to the plain
+``answer_pick`` (the servicer's own row takes what no probe sees).
 
-Two rows are not a probe's own time but split one: each guest call ("crossing + guest",
-``GuestFunc.call*``) is divided into
+Each guest call ("crossing + guest", ``GuestFunc.call*``) is split three ways:
 
 - **crossing**: an empty call through the same path (fuel refill, epoch deadline,
   ``wasmtime_func_call_unchecked`` with the GIL released) on the same engine — the
   ``epick_abi_version`` export of a no-op module;
 - **guest: SDK decode**: what the no-op policy (``host/bench/noop/main.zig``, built here
-  with the pinned Zig) spends on the very inputs each policy got, minus that crossing —
-  the SDK's entry, the msgpack decode, writing constant scores;
+  with the pinned Zig; ``--no-noop`` skips it) spends on the very inputs each policy got,
+  minus that crossing — the SDK's entry, the msgpack decode, writing constant scores;
 - **guest: policy work**: the rest — the policy's own code.
 
-Probes name functions by their current module paths; after a rename, a probe that no
-longer finds its target is listed as missing (its time goes to its caller's row), not an
-error. Decisions are not completed (as in ``epick.bench.answer``): post_response is not
-on this path.
+Probes name functions by their current module paths; after a rename a probe that no
+longer finds its target is listed as missing (its time goes to its caller's row), and
+``tests/bench/test_stages.py`` fails until :data:`PROBES` follows. Decisions are not
+completed (as in ``epick.bench.answer``): post_response is not on this path.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ import anyio
 __all__ = ["PROBES", "Probe", "Profile", "measure", "main"]
 
 NOOP_SOURCE = Path(__file__).resolve().parent / "noop"
+#: Requests each probe (and no probe) times in its turn before the next takes over.
+CHUNK = 50
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,6 @@ def _guest(a: tuple) -> str:
 
 #: In pick-path order; a row's place in the table is its first probe's.
 PROBES: tuple[Probe, ...] = (
-    Probe("epick.api.picker:PickerService.answer_pick", "servicer: answer_pick's own code"),
     Probe("epick.api.picker:pin_of", "validation (pin_of, to_request)"),
     Probe("epick.api.picker:to_request", "validation (pin_of, to_request)"),
     Probe("epick.scheduler.scheduler:Scheduler.schedule",
@@ -108,40 +114,43 @@ PROBES: tuple[Probe, ...] = (
 )
 
 
+ROOT = "servicer: answer_pick's own code"
+
+
 class Profile:
-    """Own time and calls per row while installed (``with profile.installed(): ...``)."""
+    """Time and calls per row of the probes it installs (``with profile.installed():``).
+
+    With one probe installed (how rows are timed) a row's time is its piece's whole time;
+    with all of them (:meth:`parents`, run once) it learns which row runs inside which.
+    """
 
     def __init__(self, probes: tuple[Probe, ...] = PROBES) -> None:
         self.probes = probes
-        self.own_ns: collections.Counter[str] = collections.Counter()
+        self.ns: collections.Counter[str] = collections.Counter()
         self.calls: collections.Counter[str] = collections.Counter()
+        self.parent: dict[str, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter)
         self.order: dict[str, int] = {}
         self.missing: list[str] = []
-        self._stack: list[int] = []
-
-    def reset(self) -> None:
-        self.own_ns.clear()
-        self.calls.clear()
+        self._stack: list[str] = []
 
     def wrap(self, fn: Callable, label, rank: int) -> Callable:
-        perf, stack, own, calls, order = (time.perf_counter_ns, self._stack, self.own_ns,
-                                          self.calls, self.order)
+        perf, stack, ns, calls = time.perf_counter_ns, self._stack, self.ns, self.calls
+        parent, order = self.parent, self.order
 
         @functools.wraps(fn)
         def probed(*args, **kwargs):
-            stack.append(0)
+            name = label if isinstance(label, str) else label(args)
+            parent[name][stack[-1] if stack else ROOT] += 1
+            stack.append(name)
             t0 = perf()
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent = perf() - t0
-                inner = stack.pop()
-                name = label if isinstance(label, str) else label(args)
-                own[name] += spent - inner
+                ns[name] += perf() - t0
                 calls[name] += 1
+                stack.pop()
                 order.setdefault(name, rank)
-                if stack:
-                    stack[-1] += spent
         return probed
 
     def installed(self):
@@ -156,13 +165,27 @@ class Profile:
                     self.missing.append(probe.target)
                     continue
                 undo.append((owner, attr, owner.__dict__[attr]))
-                setattr(owner, attr, self.wrap(owner.__dict__[attr], probe.label, rank))
+                setattr(owner, attr, self.wrap(owner.__dict__[attr], probe.label,
+                                               PROBES.index(probe) if probe in PROBES else rank))
             try:
                 yield self
             finally:
                 for owner, attr, original in reversed(undo):
                     setattr(owner, attr, original)
         return cm()
+
+
+def probe_cost_ns(n: int = 20_000) -> float:
+    """A probe's own cost inside its row (the perf_counter pair and bookkeeping)."""
+    profile = Profile(())
+    noop = profile.wrap(lambda: None, "noop", 0)
+    best = float("inf")
+    for _ in range(5):
+        profile.ns.clear()
+        for _ in range(n):
+            noop()
+        best = min(best, profile.ns["noop"] / n)
+    return best
 
 
 def _resolve(target: str):
@@ -194,9 +217,10 @@ class Result:
     endpoints: int
     picks: int
     plain_us: list[float]
-    instrumented_us: list[float]
-    rows: list[tuple[str, float, float]]  # label, µs per pick (mean own time), calls per pick
+    rows: list[tuple[str, float, float]]  # label, µs per pick (own time), calls per pick
+    whole: dict[str, float]  # label -> µs per pick with what runs inside it
     missing: list[str]
+    probe_ns: float  # a probe's own cost, taken out of each row per call
 
 
 def _split_guest(rows: dict[str, float], calls: dict[str, float],
@@ -219,6 +243,14 @@ def _split_guest(rows: dict[str, float], calls: dict[str, float],
             rows[base + "guest: policy work"], calls[base + "guest: policy work"] = guest - dec, n
 
 
+def _trimmed_mean(values: list[float], totals: list[float]) -> float:
+    """Mean of ``values`` over the picks whose total is in the fastest nine tenths: the
+    slowest tenth (preempted, a GC pass) would swamp a mean on a shared machine."""
+    cut = sorted(totals)[int(len(totals) * 0.9)]
+    kept = [v for v, t in zip(values, totals, strict=True) if t <= cut]
+    return statistics.fmean(kept)
+
+
 async def _measure(config_path: Path, endpoints: int, picks: int, rounds: int,
                    noop_wasm: Path | None) -> Result:
     from epick.api.picker import PickerService
@@ -228,32 +260,73 @@ async def _measure(config_path: Path, endpoints: int, picks: int, rounds: int,
 
     svc = Service(load(config_path))
     reqs = requests(picks)
-    plain: list[float] = []
-    probed: list[float] = []
-    profile = Profile()
+    perf = time.perf_counter_ns
+    calls: dict[str, float] = {}
+    cost = probe_cost_ns()
     async with anyio.create_task_group() as tg:
         await tg.start(svc.run)
-        answer = PickerService(svc.scheduler, svc.recorder).answer_pick
+
+        def servicer():
+            # Built after the probes are in: the servicer binds telemetry at its init.
+            return PickerService(svc.scheduler, svc.recorder).answer_pick
+
         for r in reqs[:500]:  # warm
-            answer(r)
-        perf = time.perf_counter_ns
-        for k in range(2 * rounds):
-            out = plain if k % 2 == 0 else probed
-            with profile.installed() if k % 2 else _nothing():
-                for r in reqs:
-                    t0 = perf()
-                    answer(r)
-                    out.append((perf() - t0) / 1e3)
-            await anyio.sleep(0.05)
+            servicer()(r)
+        structure = Profile()
+        with structure.installed():
+            answer = servicer()
+            for r in reqs[:200]:
+                answer(r)
+        # Every probe (and no probe) takes a turn on each chunk of CHUNK requests, so a
+        # load spike on this shared machine hits all of them alike; one probe at a time,
+        # so a piece's whole time carries no other probe's cost.
+        turns: list[Probe | None] = [None, *PROBES]
+        totals: dict[int, list[int]] = collections.defaultdict(list)
+        pieces: dict[int, list[dict[str, int]]] = collections.defaultdict(list)
+        counts: dict[int, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter)
+        for _ in range(rounds):
+            for start in range(0, len(reqs), CHUNK):
+                chunk = reqs[start:start + CHUNK]
+                for i, probe in enumerate(turns):
+                    profile = Profile(() if probe is None else (probe,))
+                    with profile.installed():
+                        if profile.missing:
+                            continue
+                        answer, ns = servicer(), profile.ns
+                        for r in chunk:
+                            before = dict(ns)
+                            t0 = perf()
+                            answer(r)
+                            totals[i].append(perf() - t0)
+                            pieces[i].append({k: v - before.get(k, 0) for k, v in ns.items()})
+                    counts[i].update(profile.calls)
+                await anyio.sleep(0)  # let the loop breathe between chunks
+        plain_us = [t / 1e3 for t in totals[0]]
+        span: dict[str, float] = collections.Counter()
+        span[ROOT] = _trimmed_mean(plain_us, plain_us)
+        for i in range(1, len(turns)):
+            n = len(totals[i])
+            for label, c in counts[i].items():
+                mean = _trimmed_mean([p.get(label, 0) for p in pieces[i]], totals[i])
+                # Probes sharing a row (two validation functions, three telemetry
+                # methods) add up.
+                span[label] += (mean - cost * c / n) / 1e3
+                calls[label] = calls.get(label, 0.0) + c / n
         crossing, decode = None, {}
         if noop_wasm is not None:
-            crossing, decode = _guest_floor(svc, answer, reqs[:300], noop_wasm)
+            crossing, decode = _guest_floor(svc, servicer(), reqs[:300], noop_wasm)
         tg.cancel_scope.cancel()
-    n = len(probed)
-    rows = {label: ns / 1e3 / n for label, ns in profile.own_ns.items()}
-    calls = {label: c / n for label, c in profile.calls.items()}
+    span = dict(span)
+    calls[ROOT] = 1.0
+    # A row's own time: its whole time minus the whole time of the rows inside it.
+    parent_of = {label: c.most_common(1)[0][0] for label, c in structure.parent.items()}
+    rows = dict(span)
+    for label, parent in parent_of.items():
+        if label in span and parent in rows:
+            rows[parent] -= span[label]
     _split_guest(rows, calls, crossing, decode)
-    rank = profile.order
+    rank = {**structure.order, ROOT: -1}
 
     def key(label: str) -> tuple:
         for stem in (" crossing", " guest"):
@@ -261,16 +334,9 @@ async def _measure(config_path: Path, endpoints: int, picks: int, rounds: int,
                 return rank.get(label.split(stem)[0] + " crossing + guest", 99), label
         return rank.get(label, 99), label
 
-    ordered = [(label, rows[label], calls[label]) for label in sorted(rows, key=key)]
-    return Result(endpoints, picks, plain, probed, ordered, sorted(set(profile.missing)))
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+    ordered = [(label, rows[label], calls.get(label, 0.0)) for label in sorted(rows, key=key)]
+    return Result(endpoints, picks, plain_us, ordered, span, sorted(set(structure.missing)),
+                  cost)
 
 
 def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict]:
@@ -328,7 +394,8 @@ def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict
         decode = {}
         with profile.installed():
             for (policy, export), got in blobs.items():
-                profile.reset()
+                profile.ns.clear()
+                profile.calls.clear()
                 for _ in range(3):
                     for args in got:
                         if export == "score":
@@ -336,13 +403,14 @@ def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict
                         else:
                             noop.pre_request(*args)
                 if profile.calls[export]:
-                    decode[(policy, export)] = profile.own_ns[export] / profile.calls[export] / 1e3
+                    per_call = profile.ns[export] / profile.calls[export] - probe_cost_ns(2000)
+                    decode[(policy, export)] = per_call / 1e3
         return crossing, decode
     finally:
         noop.close()
 
 
-def measure(endpoints: int = 64, picks: int = 4096, rounds: int = 3,
+def measure(endpoints: int = 64, picks: int = 2000, rounds: int = 2,
             noop: bool = True) -> Result:
     """Plain and probed ``answer_pick`` at ``endpoints``; see the module docstring."""
     from epick.bench.grpc import NO_SCRAPE_MS, Setup
@@ -363,17 +431,18 @@ def measure(endpoints: int = 64, picks: int = 4096, rounds: int = 3,
 
 def render(res: Result) -> str:
     total = sum(us for _, us, _ in res.rows)
-    plain, probed = statistics.fmean(res.plain_us), statistics.fmean(res.instrumented_us)
     width = max(len(label) for label, _, _ in res.rows)
-    out = [f"answer_pick, {res.endpoints} endpoints: own time per pick (mean of "
-           f"{len(res.instrumented_us)} probed picks)",
-           f"  {'stage':<{width}}  µs/pick  calls/pick  share"]
+    out = [f"answer_pick, {res.endpoints} endpoints: own time per pick (µs, means of the "
+           f"fastest nine tenths, one probe at a time)",
+           f"  {'stage':<{width}}  µs/pick  calls/pick   share  (whole, with what it calls)"]
     for label, us, calls in res.rows:
-        out.append(f"  {label:<{width}}  {us:7.2f}  {calls:10.2f}  {us / total:5.1%}")
-    out += [f"  {'sum of the rows (probed)':<{width}}  {total:7.2f}",
-            f"plain answer_pick: mean {plain:.1f} µs, p50 {statistics.median(res.plain_us):.1f}"
-            f" µs; probed: mean {probed:.1f} µs, p50 {statistics.median(res.instrumented_us):.1f}"
-            f" µs (the probes' own cost: {probed - plain:+.1f} µs a pick)"]
+        whole = res.whole.get(label)
+        out.append(f"  {label:<{width}}  {us:7.2f}  {calls:10.2f}  {us / total:6.1%}"
+                   + (f"  ({whole:.2f})" if whole is not None and abs(whole - us) > 0.005 else ""))
+    out += [f"  {'total (plain answer_pick)':<{width}}  {total:7.2f}",
+            f"plain answer_pick p50 {statistics.median(res.plain_us):.1f} µs over "
+            f"{len(res.plain_us)} picks; a probe's own cost, taken out per call: "
+            f"{res.probe_ns:.0f} ns"]
     if res.missing:
         out.append("probes whose target is gone (renamed?): " + ", ".join(res.missing))
     return "\n".join(out)
@@ -383,8 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m epick.bench.stages", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--endpoints", default="8,64", help="endpoint counts, comma-separated")
-    ap.add_argument("--picks", type=int, default=4096, help="picks per round")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of each, alternating")
+    ap.add_argument("--picks", type=int, default=2000,
+                    help="requests per round (each piece times them all)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds over the requests")
     ap.add_argument("--no-noop", action="store_true",
                     help="skip building the no-op policy (no Zig): no decode/work split")
     args = ap.parse_args(argv)
