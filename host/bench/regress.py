@@ -201,6 +201,9 @@ def preflight(side: Side, python: str = sys.executable) -> Path:
     done = subprocess.run([python, "-c", _PREFLIGHT], env=side.env, cwd=side.root,
                           capture_output=True, text=True)
     if done.returncode:
+        if "No module named 'epick.bench.answer'" in done.stderr:
+            raise RegressError(f"{side.name} ({side.root}) has no `python -m epick.bench."
+                               "answer`, the workload (added in cb0583f): name a later base")
         raise RegressError(f"{side.name} ({side.root}): cannot import its epick: "
                            f"{done.stderr.strip()[-500:]}")
     info = json.loads(done.stdout.strip().splitlines()[-1])
