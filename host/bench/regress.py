@@ -142,9 +142,9 @@ def tree_side() -> Side:
     if done.returncode or Path(done.stdout.strip()).resolve() != root:
         raise RegressError(f"epick is imported from {root}, which is not a git checkout's "
                            "root; run the guard from a checkout's venv (make install)")
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    return Side("tree", root, env)
+    # The same environment as this process: its runs import what this one imported
+    # (the preflight checks that they do).
+    return Side("tree", root, dict(os.environ))
 
 
 def link_package(checkout: Path, shim: Path) -> None:
