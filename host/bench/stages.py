@@ -392,19 +392,24 @@ def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict
         profile = Profile((Probe("epick.runtime._guest:GuestFunc.call3", "score"),
                            Probe("epick.runtime._guest:GuestFunc.call2", "pre_request")))
         decode = {}
+        cost = probe_cost_ns(2000)
         with profile.installed():
             for (policy, export), got in blobs.items():
-                profile.ns.clear()
-                profile.calls.clear()
-                for _ in range(3):
+                passes = []
+                # The quietest of five passes: these run in one burst, not in the
+                # rotating turns, so a load spike here would inflate the decode.
+                for _ in range(5):
+                    profile.ns.clear()
+                    profile.calls.clear()
                     for args in got:
                         if export == "score":
                             noop.score_checked(*args)
                         else:
                             noop.pre_request(*args)
-                if profile.calls[export]:
-                    per_call = profile.ns[export] / profile.calls[export] - probe_cost_ns(2000)
-                    decode[(policy, export)] = per_call / 1e3
+                    if profile.calls[export]:
+                        passes.append(profile.ns[export] / profile.calls[export] - cost)
+                if passes:
+                    decode[(policy, export)] = min(passes) / 1e3
         return crossing, decode
     finally:
         noop.close()
