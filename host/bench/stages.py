@@ -441,6 +441,8 @@ def render(res: Result) -> str:
            f"fastest nine tenths, one probe at a time)",
            f"  {'stage':<{width}}  µs/pick  calls/pick   share  (whole, with what it calls)"]
     for label, us, calls in res.rows:
+        if calls < 0.005 and abs(us) < 0.005:
+            continue  # e.g. a recovery's init/import_state once in thousands of picks
         whole = res.whole.get(label)
         out.append(f"  {label:<{width}}  {us:7.2f}  {calls:10.2f}  {us / total:6.1%}"
                    + (f"  ({whole:.2f})" if whole is not None and abs(whole - us) > 0.005 else ""))
