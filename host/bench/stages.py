@@ -206,10 +206,18 @@ def _resolve(target: str):
 
 
 def build_noop(out_dir: Path) -> Path:
-    from epick.policies_build import Policy, build, check_zig
+    from epick.policies_build import BuildError, Policy, build, check_zig
 
-    check_zig()
-    return build(Policy("noop", NOOP_SOURCE, "zig"), out_dir)
+    if not (NOOP_SOURCE / "main.zig").is_file():
+        raise SystemExit(f"epick.bench.stages: the no-op policy's source {NOOP_SOURCE}/main.zig "
+                         "is not here (an installed wheel?): run from a checkout, or pass "
+                         "--no-noop")
+    try:
+        check_zig()
+        return build(Policy("noop", NOOP_SOURCE, "zig"), out_dir)
+    except BuildError as exc:
+        raise SystemExit(f"epick.bench.stages: cannot build the no-op policy ({exc}); "
+                         "pass --no-noop to skip the decode/work split") from None
 
 
 @dataclass
