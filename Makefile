@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # setuptools says "Editable installation." on every editable install: information only.
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: demo test lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real
+.PHONY: demo test test-perf lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ test: $(STAMP) $(ENVOY_STAMP)
 	$(VENV)/bin/ruff check --quiet .
 	$(LINT_IMPORTS)
 	$(PY) -m pytest -q
+
+## test-perf: the pick path's cost, working tree ÷ the accepted base commit (host/bench/PERF_BASE;
+## PERF_BASE=REF overrides it); fails only when some size is > 1.15× in all 3 alternations (~1 min)
+PERF_BASE ?= $(shell sed -n 's/^\([0-9a-f]\{7,40\}\)[[:space:]]*$$/\1/p' host/bench/PERF_BASE)
+test-perf: $(STAMP)
+	$(VENV)/bin/epick bench regress --base "$(PERF_BASE)" --sizes 8,64 --rounds 3 --fail-above 1.15
 
 ## lint: ruff, then the layer contracts of docs/design.md (import-linter, pyproject.toml);
 ## both are also the first steps of `make test`

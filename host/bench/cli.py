@@ -14,6 +14,8 @@
     sandbox-overhead       what fuel and the epoch deadline cost, per policy
     sandbox-under-fire     Pick latency beside hostile modules, hot swaps under load
     envoy latency|load     what routing through epick adds inside a real Envoy
+    regress --base REF     the pick path's cost, this working tree ÷ a git ref
+    stages                 answer_pick's time per stage and per policy
 
 Results go to results/ (each benchmark's --json and the README there say where). Those
 that read the checkout's tests/ or examples/ run from a git checkout (epick.bench.checkout).
@@ -41,6 +43,8 @@ BENCHMARKS = {
     "sandbox-overhead": "sandbox_overhead",
     "sandbox-under-fire": "sandbox_under_fire",
     "envoy": "envoy",
+    "regress": "regress",
+    "stages": "stages",
 }
 
 
