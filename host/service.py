@@ -10,9 +10,14 @@
       ├─ DecisionLog writer       [decisions] log: a thread the lifespan starts and joins
       └─ _watch_policy_dir        NAME.wasm created/changed -> validated hot swap
 
+Before any of it, :meth:`Service.load_policies` compiles and vets the start-up policies
+on worker threads (the health says SERVING only once they are live).
+
 Everything runs on the one asyncio event-loop thread (anyio on the asyncio backend,
-since grpc.aio needs asyncio), so the scheduler and every WASM Store are only ever
-touched from that thread. The epoch ticker thread is owned by the Runtime and stopped
+since grpc.aio needs asyncio), so the scheduler and every live WASM Store are only ever
+touched from that thread (a policy is made, and given its predecessor's state, on a
+worker before it goes live). Blocking work goes to workers: module reads, compiles,
+conformance runs, admin saves to ``[admin] persist_dir``. The epoch ticker thread is owned by the Runtime and stopped
 with it. Cancel the task group (Ctrl-C, SIGTERM, ``Service.stop``) to stop cleanly.
 """
 
@@ -34,7 +39,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from epick import telemetry
-from epick.api.admin import MAX_MODULE_BYTES, AdminService
+from epick.api.admin import MAX_REQUEST_BYTES, AdminService
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker_pb2_grpc
 from epick.api.picker import PickerService
 from epick.config import Config, ConfigError, load, resolve_module
@@ -55,6 +60,8 @@ log = logging.getLogger("epick.service")
 PICKER_SERVICE = picker_pb2.DESCRIPTOR.services_by_name["EndpointPicker"].full_name
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+#: The Pick server's largest message (long prompts); the admin server has its own cap.
+PICK_MAX_MESSAGE_BYTES = 33 << 20
 
 
 class ListenError(OSError):
@@ -238,11 +245,11 @@ class Service:
         self._serving: bool | None = None
         self._applied_policies: dict[str, tuple] = {}
         """Per config policy: its entry and module hash as last applied."""
-        self._load_policies(config)
+        self._policies_loaded = False
+        """Set by :meth:`load_policies`: the health says SERVING only after it."""
         self.store: PolicyStore | None = None
         if config.admin.persist_dir:
             self.store = PolicyStore(self._folder(config.admin.persist_dir))
-            self._load_saved()
 
     # -- policies from config ---------------------------------------------------------
 
@@ -288,13 +295,32 @@ class Service:
             folder = self.config_path.parent / folder
         return folder
 
-    def _load_saved(self) -> None:
+    async def load_policies(self) -> None:
+        """The start-up loads: the config's policies, then those saved in ``[admin]
+        persist_dir``. Files are read and modules compiled and vetted on worker threads,
+        so the loop stays free; each set goes live on the loop. Raises ConfigError naming
+        the config policy that cannot load. :meth:`run` calls it (once) before it serves;
+        call it first to get that error before the lifespan starts."""
+        if self._policies_loaded:
+            return
+        entries, applied = await anyio.to_thread.run_sync(self._policy_entries, self.config)
+        try:
+            await self.manager.replace_all_async(entries, changed=self._changed(applied))
+        except PolicyRejected as exc:
+            raise ConfigError(str(self.config_path or "config"), str(exc)) from None
+        self._applied_policies = applied
+        if self.store is not None:
+            await self._load_saved()
+        self._policies_loaded = True
+
+    async def _load_saved(self) -> None:
         """The admin loads saved in ``[admin] persist_dir``, made live again after the
         config's. One that no longer loads is logged and left on disk."""
-        for name, wasm, saved in self.store.load_all():
+        for name, wasm, saved in await self.store.off_loop(self.store.load_all):
             try:
-                self.manager.activate(name, wasm, saved.params, weight=saved.weight,
-                                      shadow=saved.shadow, source="saved", gate=False)
+                await self.manager.activate_async(name, wasm, saved.params,
+                                                  weight=saved.weight, shadow=saved.shadow,
+                                                  source="saved", gate=False)
             except PolicyRejected as exc:
                 log.error("saved policy %r not loaded (left in %s): %s", name,
                           self.store.folder, exc)
@@ -355,8 +381,13 @@ class Service:
         """Serve until cancelled. ``started`` fires once the ports are bound, the first
         scrape round is done and the policies are loaded."""
         self._watchers_stop = anyio.Event()
+        try:
+            await self.load_policies()
+        except BaseException:
+            self.runtime.close()
+            raise
         options = [
-            ("grpc.max_receive_message_length", MAX_MODULE_BYTES + (1 << 20)),
+            ("grpc.max_receive_message_length", PICK_MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(options=options)
@@ -372,7 +403,12 @@ class Service:
 
         admin = None
         if self.config.admin.listen:
-            admin = grpc.aio.server(options=options)
+            # Bounded by the module cap: gRPC refuses a bigger LoadPolicy (RESOURCE_EXHAUSTED)
+            # from its length prefix instead of receiving it while picks wait.
+            admin = grpc.aio.server(options=[
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                ("grpc.so_reuseport", 0),
+            ])
             admin_pb2_grpc.add_AdminServicer_to_server(
                 AdminService(self.manager, self.config.admin.effective_token(),
                              store=self.store), admin)
@@ -467,7 +503,8 @@ class Service:
         log.info("health: %s", "SERVING" if serving else "NOT_SERVING")
 
     async def _update_health(self) -> None:
-        await self._set_health(self.pool.ready() and len(self.scheduler.policies) > 0)
+        await self._set_health(self._policies_loaded and self.pool.ready()
+                               and len(self.scheduler.policies) > 0)
 
     async def _health_loop(self) -> None:
         while True:
@@ -489,7 +526,7 @@ class Service:
         """Policies' state checkpoints (for recovery after a trap), off the request path."""
         while True:
             await anyio.sleep(1.0)
-            self.manager.checkpoint_all()
+            await self.manager.checkpoint_each()
 
     async def _watch_config(self) -> None:
         import watchfiles
