@@ -1,6 +1,7 @@
 """`epick serve`: the service's lifespan — one task group owns everything that runs.
 
     Service.run()
+      ├─ LoopWatch.run            the loop's lag (a metric) and a warning naming a stall
       ├─ Pool.run                 scrape loops (started: after the first scrape round)
       ├─ grpc.aio servers         Pick API + health + reflection; Admin on its own port
       ├─ _health_loop             SERVING once an endpoint is fresh and policies are loaded
@@ -45,6 +46,7 @@ from epick.api.picker import PickerService
 from epick.config import Config, ConfigError, load, resolve_module
 from epick.interfaces import PluginError
 from epick.kv.service import KvEvents
+from epick.loopwatch import LoopWatch
 from epick.policy_manager import PolicyManager, PolicyRejected, PolicySpec, read_module
 from epick.policy_store import PolicyStore
 from epick.pool import Pool
@@ -237,6 +239,10 @@ class Service:
         telemetry.POLICY_STATS.source = lambda: [(e.name, e.plugin)
                                                  for e in self.scheduler.policies.entries]
         self.health = HealthServicer()
+        self.loop_watch = LoopWatch(warn_s=config.server.loop_stall_warn_ms / 1e3,
+                                    observe=telemetry.EVENT_LOOP_LAG.observe,
+                                    on_stall=lambda _lag, _seen:
+                                    telemetry.EVENT_LOOP_STALLS.inc())
         self.decisions = _decision_log(config, config_path)
         if self.decisions is not None:
             self.decisions.attach(self.scheduler)
@@ -446,6 +452,7 @@ class Service:
             await self._set_health(False)
             async with anyio.create_task_group() as tg:
                 self._cancel = tg.cancel_scope
+                await tg.start(self.loop_watch.run)
                 await tg.start(self.pool.run)
                 if self.kv is not None:
                     await tg.start(self.kv.subscriber.run)

@@ -143,3 +143,34 @@ def test_serving_only_after_the_start_up_compiles_which_leave_the_loop_free(
             box["loop"].call_soon_threadsafe(box["stop"].set)
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def test_the_service_measures_its_loop_and_names_a_stall(fake_vllm, tmp_path, caplog):
+    import logging
+    import time
+
+    from epick import telemetry
+
+    caplog.set_level(logging.WARNING, logger="epick.loop")
+    c = make_config([fake_vllm(vllm_page()).address], policies=("load",), tmp=tmp_path)
+    stalls = telemetry.REGISTRY.get_sample_value("epick_event_loop_stalls_total") or 0
+    with running(c) as svc:
+        watch = svc.service.loop_watch
+        assert watch.warn_s == 0.1  # [server] loop_stall_warn_ms's default
+
+        async def export_everything_on_the_loop():
+            deadline = time.monotonic() + 10
+            while not watch.sampled.is_set() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+        asyncio.run_coroutine_threadsafe(export_everything_on_the_loop(),
+                                         svc.loop).result(timeout=30)
+        assert svc.picker.Pick(pb.PickRequest(model="m")).endpoint  # the loop is back
+        deadline = time.monotonic() + 10
+        while "event loop held" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert "in export_everything_on_the_loop" in caplog.text
+    assert telemetry.REGISTRY.get_sample_value("epick_event_loop_stalls_total") >= stalls + 1
+    assert telemetry.REGISTRY.get_sample_value("epick_event_loop_lag_seconds_bucket",
+                                               {"le": "0.1"}) < telemetry.REGISTRY.get_sample_value(
+        "epick_event_loop_lag_seconds_count")
