@@ -35,7 +35,7 @@ from typing import Literal
 
 import anyio
 
-from epick.interfaces import Capabilities
+from epick.interfaces import Capabilities, FailureKind, PolicyFailure
 from epick.runtime import Limits, PolicyError, PolicyModule, Runtime, WasmPolicy, validate
 from epick.runtime.runtime import trim_heap
 from epick.scheduler.policyset import PolicyEntry, PolicySet, UnknownPolicyError
@@ -59,17 +59,23 @@ MAX_PENDING_LOADS = 4
 MAX_MODULE_BYTES = Limits().module_bytes
 
 
-class PolicyRejected(Exception):
-    """A module was refused; nothing changed. ``str()`` says which policy and why."""
+class PolicyRejected(PolicyFailure):
+    """A module was refused; nothing changed. ``str()`` says which policy and why,
+    ``kind`` (a :class:`FailureKind`) how it failed: the runtime's kind when a step of
+    vetting failed, else the host's reason (``nonconformant``, ``bad-argument``…)."""
 
-    def __init__(self, name: str, reason: str) -> None:
-        super().__init__(f"policy {name!r} rejected: {reason}")
+    def __init__(self, name: str, reason: str,
+                 kind: FailureKind | str = FailureKind.INVALID_MODULE) -> None:
+        super().__init__(f"policy {name!r} rejected: {reason}", kind=kind, policy=name)
         self.name = name
         self.reason = reason
 
 
 class LoadsBusy(PolicyRejected):
     """Too many loads are already waiting to be vetted; try again later."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(name, reason, FailureKind.BUSY)
 
 
 def check_name(name: str) -> None:
@@ -80,7 +86,7 @@ def check_name(name: str) -> None:
         raise PolicyRejected(
             "?" if not isinstance(name, str) else name[:80],
             f"name {shown} must match {NAME_PATTERN} (1-64 letters, digits, '.', '_', '-', "
-            f"starting with a letter or digit)",
+            f"starting with a letter or digit)", FailureKind.BAD_ARGUMENT,
         )
 
 
@@ -180,7 +186,7 @@ class PolicyManager:
         except PolicyError as exc:
             module = None  # drop the refused code before trimming the heap
             trim_heap()
-            raise PolicyRejected(name, str(exc)) from exc
+            raise PolicyRejected(name, str(exc), exc.kind) from exc
         info = ActivePolicy(
             name=name, module=module, params=params, source=source, origin=origin,
             version=described.version if described else "",
@@ -210,7 +216,8 @@ class PolicyManager:
             # Fuel decides, not the wall clock: a busy machine must not fail a module.
             report = check(info.module.for_vetting(), info.params, kind=kind)
         except (ConformanceError, PolicyError) as exc:
-            raise PolicyRejected(info.name, f"conformance could not run: {exc}") from exc
+            raise PolicyRejected(info.name, f"conformance could not run: {exc}",
+                                 exc.kind) from exc
         info.conformant = report.passed
         if report.passed:
             return
@@ -220,7 +227,8 @@ class PolicyManager:
             log.warning("policy %r fails conformance; allowed in shadow only: %s",
                         info.name, summary)
             return
-        raise PolicyRejected(info.name, f"fails conformance ({len(failed)} case(s)): {summary}")
+        raise PolicyRejected(info.name, f"fails conformance ({len(failed)} case(s)): {summary}",
+                             FailureKind.NONCONFORMANT)
 
     def install(self, info: ActivePolicy, *, weight: float | None = None,
                 shadow: bool = False) -> ActivePolicy:
@@ -442,7 +450,7 @@ class PolicyManager:
                     if other.plugin is not None:
                         other.plugin.close()
                 raise PolicyRejected(spec.name, "the live set changed during the reload; "
-                                     "reload again")
+                                     "reload again", FailureKind.CONFLICT)
         live: list[tuple[PolicyEntry, ActivePolicy]] = []
         for spec in entries:
             name, weight = spec.name, spec.weight
@@ -520,12 +528,13 @@ def _make_plugin(info: ActivePolicy) -> WasmPolicy:
         return WasmPolicy(info.module, info.params, name=info.name,
                           checkpoint_on_hooks=False, background_recovery=True)
     except PolicyError as exc:
-        raise PolicyRejected(info.name, str(exc)) from exc
+        raise PolicyRejected(info.name, str(exc), exc.kind) from exc
 
 
 def _check_weight(name: str, weight: float | None) -> None:
     if weight is not None and not (weight >= 0 and math.isfinite(weight)):
-        raise PolicyRejected(name, f"weight must be a finite number >= 0, got {weight}")
+        raise PolicyRejected(name, f"weight must be a finite number >= 0, got {weight}",
+                             FailureKind.BAD_ARGUMENT)
 
 
 def _sha256(data: bytes) -> str:
@@ -546,7 +555,7 @@ def read_module(path: Path, *, inside: Path | None = None, max_bytes: int = MAX_
     cannot be swapped in between). With ``inside``, the file must be in that folder and
     not a symlink (``O_NOFOLLOW``), so a link cannot point the watcher at a file
     elsewhere. Files over ``max_bytes`` are refused before they are read. Raises
-    :class:`PolicyRejected` naming the file.
+    :class:`PolicyRejected` (``unreadable``) naming the file.
     """
     name = path.stem
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -554,21 +563,21 @@ def read_module(path: Path, *, inside: Path | None = None, max_bytes: int = MAX_
         flags |= getattr(os, "O_NOFOLLOW", 0)
         folder = Path(inside).resolve()
         if Path(os.path.realpath(path.parent)) != folder:
-            raise PolicyRejected(name, f"{path} is not directly in {folder}")
+            raise _unreadable(name, f"{path} is not directly in {folder}")
     try:
         fd = os.open(path, flags)
     except OSError as exc:
         if inside is not None and path.is_symlink():
-            raise PolicyRejected(name, f"{path} is a symlink; only regular files are "
+            raise _unreadable(name, f"{path} is a symlink; only regular files are "
                                  "loaded from the policy folder") from None
-        raise PolicyRejected(name, f"cannot read {path}: {exc.strerror}") from None
+        raise _unreadable(name, f"cannot read {path}: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise PolicyRejected(name, f"{path} is not a regular file "
+            raise _unreadable(name, f"{path} is not a regular file "
                                  f"({_file_kind(st.st_mode)}); not read")
         if st.st_size > max_bytes:
-            raise PolicyRejected(name, f"{path} is {st.st_size:,} bytes, over the "
+            raise _unreadable(name, f"{path} is {st.st_size:,} bytes, over the "
                                  f"{max_bytes:,}-byte cap; not read")
         chunks, left = [], max_bytes + 1
         while left > 0:
@@ -578,13 +587,17 @@ def read_module(path: Path, *, inside: Path | None = None, max_bytes: int = MAX_
             chunks.append(chunk)
             left -= len(chunk)
     except OSError as exc:
-        raise PolicyRejected(name, f"cannot read {path}: {exc.strerror}") from None
+        raise _unreadable(name, f"cannot read {path}: {exc.strerror}") from None
     finally:
         os.close(fd)
     data = b"".join(chunks)
     if len(data) > max_bytes:  # grew while we read
-        raise PolicyRejected(name, f"{path} is over the {max_bytes:,}-byte cap; not read")
+        raise _unreadable(name, f"{path} is over the {max_bytes:,}-byte cap; not read")
     return data
+
+
+def _unreadable(name: str, reason: str) -> PolicyRejected:
+    return PolicyRejected(name, reason, FailureKind.UNREADABLE)
 
 
 def _file_kind(mode: int) -> str:

@@ -13,13 +13,8 @@ import json
 import grpc
 
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc
-from epick.policy_manager import (
-    MAX_MODULE_BYTES,
-    LoadsBusy,
-    PolicyManager,
-    PolicyRejected,
-    check_name,
-)
+from epick.api.status import grpc_code
+from epick.policy_manager import MAX_MODULE_BYTES, PolicyManager, PolicyRejected, check_name
 from epick.policy_store import PolicyStore, SavedPolicy, StoreError
 from epick.scheduler.policyset import UnknownPolicyError
 
@@ -109,8 +104,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         try:
             check_name(request.name)
         except PolicyRejected as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"LoadPolicy.name: {exc.reason}")
+            await context.abort(grpc_code(exc), f"LoadPolicy.name: {exc.reason}")
         if not request.wasm:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "LoadPolicy.wasm is empty")
         try:
@@ -132,10 +126,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 request.name, request.wasm, params, weight=weight,
                 shadow=request.shadow, source="admin",
             )
-        except LoadsBusy as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except PolicyRejected as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except PolicyRejected as exc:  # the status by its kind (epick.interfaces.STATUS)
+            await context.abort(grpc_code(exc), str(exc))
         if self.store is not None:
             await self._saved(context, request.name, self.store.save, request.name,
                               request.wasm, SavedPolicy(params=params, weight=weight,
@@ -168,7 +160,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except UnknownPolicyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except PolicyRejected as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc_code(exc), str(exc))
         if self.store is not None:
             await self._saved(context, request.name, self.store.set_weight, request.name,
                               request.weight)

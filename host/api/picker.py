@@ -21,6 +21,8 @@ import grpc
 
 from epick import abi
 from epick.api.gen.epick.v1 import picker_pb2, picker_pb2_grpc
+from epick.api.status import grpc_code
+from epick.interfaces import PolicyFailure
 from epick.scheduler.scheduler import Scheduler, SchedulingError, Shed, Unavailable
 
 __all__ = ["PickerService", "InvalidArgument", "to_request", "to_completion", "pin_of",
@@ -169,6 +171,8 @@ def status_for(exc: Exception) -> grpc.StatusCode:
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, Unavailable):
         return grpc.StatusCode.UNAVAILABLE
+    if isinstance(exc, PolicyFailure):  # by its kind, from the one table
+        return grpc_code(exc)
     return grpc.StatusCode.INTERNAL
 
 
@@ -231,7 +235,8 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
             answer, outcome = (None, (status_for(exc), str(exc))), exc.outcome
         except Exception as exc:  # a bug: never take the service down, say what happened
             log.exception("Pick failed")
-            answer = (None, (grpc.StatusCode.INTERNAL, f"internal error: {exc!r}"))
+            answer = (None, (status_for(exc), str(exc) if isinstance(exc, PolicyFailure)
+                             else f"internal error: {exc!r}"))
             outcome = "error"
         if self._pick_done is not None:
             self._pick_done(outcome, time.perf_counter() - t0)

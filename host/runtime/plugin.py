@@ -104,16 +104,8 @@ _EMPTY = np.empty(0, dtype=np.float64)
 
 
 def error_kind(exc: PolicyError) -> str:
-    """The ``PluginError.kind`` for a runtime error."""
-    if isinstance(exc, PolicyTimeout):
-        return "timeout"
-    if isinstance(exc, PolicyOutOfFuel):
-        return "out-of-fuel"
-    if isinstance(exc, PolicyTrap):
-        return "trap"
-    if isinstance(exc, PolicyOutputError):
-        return "invalid-output"
-    return "error"
+    """The ``PluginError.kind`` for a runtime error: its own (each class has one)."""
+    return exc.kind
 
 
 def capabilities_of(exports) -> Capabilities:
