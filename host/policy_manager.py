@@ -397,9 +397,17 @@ class PolicyManager:
     async def replace_all_async(self, entries: list[PolicySpec],
                                 *, changed: frozenset[str] | set[str] | None = None
                                 ) -> list[str]:
-        """:meth:`replace_all` with the compiles and vetting on the vetting worker."""
+        """:meth:`replace_all` with the compiles and vetting on the vetting worker, and
+        state handed over as :meth:`activate_async` does (imported off the loop)."""
         fresh = await self.run_vetting(
             "config", functools.partial(self.prepare_all, entries, changed))
+        try:
+            for info in fresh.values():
+                await self._hand_over_off_loop(info)
+        except BaseException:  # cancelled: none of them goes live
+            for info in fresh.values():
+                info.plugin.close()
+            raise
         return self.apply_all(entries, fresh, changed)
 
     def _unchanged(self, name: str, wasm: bytes, params: dict) -> bool:

@@ -259,17 +259,6 @@ class Service:
 
     # -- policies from config ---------------------------------------------------------
 
-    def _load_policies(self, config: Config) -> list[str]:
-        """All config policies or none (raises ConfigError naming the policy). Returns
-        the policies loaded while serving that stay (PolicyManager.replace_all)."""
-        entries, applied = self._policy_entries(config)
-        try:
-            kept = self.manager.replace_all(entries, changed=self._changed(applied))
-        except PolicyRejected as exc:
-            raise ConfigError(str(self.config_path or "config"), str(exc)) from None
-        self._applied_policies = applied
-        return kept
-
     def _changed(self, applied: dict[str, tuple]) -> set[str]:
         """Config entries that differ from the last applied config (entry or module bytes)."""
         return {n for n, seen in applied.items() if self._applied_policies.get(n) != seen}
@@ -332,7 +321,9 @@ class Service:
                           self.store.folder, exc)
 
     async def reload_async(self) -> bool:
-        """:meth:`reload` with file reads, compiles and vetting off the event loop."""
+        """Re-read the config file; apply it or keep the old one (True if applied). File
+        reads, compiles and vetting run off the event loop (there is no blocking twin:
+        a compile on the loop would stall every pick behind it)."""
         if self.config_path is None:
             return False
         try:
@@ -347,18 +338,6 @@ class Service:
         except PolicyRejected as exc:
             log.error("config reload refused, still serving the previous config: %s",
                       ConfigError(str(self.config_path), str(exc)))
-            return False
-        return self._apply_config(new, kept)
-
-    def reload(self) -> bool:
-        """Re-read the config file; apply it or keep the old one. True if applied."""
-        if self.config_path is None:
-            return False
-        try:
-            new = load(self.config_path)
-            kept = self._load_policies(new)
-        except ConfigError as exc:
-            log.error("config reload refused, still serving the previous config: %s", exc)
             return False
         return self._apply_config(new, kept)
 
