@@ -10,12 +10,16 @@ from epick.conformance.properties import run_properties
 from epick.conformance.report import Report
 from epick.conformance.runner import run_cases
 from epick.conformance.schema import FILE_KINDS, KINDS
+from epick.interfaces import FailureKind, PolicyFailure
 
 __all__ = ["check", "module_kind", "ConformanceError"]
 
 
-class ConformanceError(ValueError):
-    """The run cannot start: an unknown kind, a bad vector file, params init refuses."""
+class ConformanceError(PolicyFailure, ValueError):
+    """The run cannot start: an unknown kind, a bad vector file, a bad params file (kind
+    ``uncheckable``, one of the :class:`~epick.interfaces.PolicyFailure` family)."""
+
+    kind = FailureKind.UNCHECKABLE
 
 
 def module_kind(module, params: dict | None = None) -> str:

@@ -41,6 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         try:
             service = Service(config, config_path=Path(args.config).resolve())
+            await service.load_policies()  # compiles off the loop; a bad policy exits 2
         except ConfigError as exc:
             print(f"epick: {exc}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -86,6 +86,9 @@ class ServerConfig(_Table):
     allow_pinning: bool = False
     """Let a request force its endpoint (``PickRequest.pin_endpoint``, the ext_proc header
     ``x-epick-pin-endpoint``). Off: such requests are refused, naming this setting."""
+    loop_stall_warn_ms: Annotated[float, Meta(ge=0)] = 100.0
+    """Log a warning naming what ran when the event loop is held longer than this (the
+    lag itself is always measured: ``epick_event_loop_lag_seconds``); 0 = no warning."""
 
 
 class PoolConfig(_Table):

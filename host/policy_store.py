@@ -6,19 +6,24 @@ Switched on by ``[admin] persist_dir``. One policy is two files in that folder::
     NAME.json   params, weight, shadow (a small versioned JSON object)
 
 LoadPolicy writes both (each atomically: a temp file, then a rename), SetWeight rewrites
-the table, RemovePolicy deletes both. At start the service loads every saved policy after
+the table, RemovePolicy deletes both. The admin API runs each of these on a worker thread
+(:meth:`PolicyStore.off_loop`: one at a time, in the order asked), so writing a module of
+up to the size cap never stalls picks on the event loop. At start the service loads every saved policy after
 the config's (a saved policy whose name the config also uses replaces it, as the admin
 load did). A saved policy that no longer loads is logged and left on disk, untouched.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 
 __all__ = ["PolicyStore", "SavedPolicy", "StoreError"]
@@ -39,11 +44,32 @@ class SavedPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     shadow: bool = False
 
 
-class PolicyStore:
-    """The ``persist_dir`` folder. Every method runs on the service's event-loop thread."""
+def write_file(f, data: bytes) -> None:
+    """How a file's bytes are written (the ``write`` seam of :class:`PolicyStore`)."""
+    f.write(data)
 
-    def __init__(self, folder: Path) -> None:
+
+class PolicyStore:
+    """The ``persist_dir`` folder. Its methods block (file I/O): the service calls them
+    through :meth:`off_loop`, never on the event loop itself.
+
+    ``write(f, data)`` writes ``data`` to the open temp file ``f`` (a seam: tests pass a
+    slow writer to hold a save in progress)."""
+
+    def __init__(self, folder: Path, *, write: Callable[[Any, bytes], None] = write_file
+                 ) -> None:
         self.folder = folder
+        self.write = write
+        self._limiter: anyio.CapacityLimiter | None = None  # made on the event loop
+
+    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` (a method of this store) on a worker thread. One runs at a time,
+        in the order asked (the limiter is FIFO), so the folder ends as the last change
+        left it; a cancelled caller still waits for the write it started to finish."""
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(1)
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args),
+                                              limiter=self._limiter)
 
     def _paths(self, name: str) -> tuple[Path, Path]:
         return self.folder / f"{name}.wasm", self.folder / f"{name}.json"
@@ -53,11 +79,14 @@ class PolicyStore:
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                self.write(f, data)
             os.replace(tmp, path)
         except OSError as exc:
             Path(tmp).unlink(missing_ok=True)
             raise StoreError(f"{path}: cannot save: {exc.strerror or exc}") from exc
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def save(self, name: str, wasm: bytes, saved: SavedPolicy) -> None:
         wasm_path, meta_path = self._paths(name)

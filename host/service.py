@@ -1,6 +1,7 @@
 """`epick serve`: the service's lifespan — one task group owns everything that runs.
 
     Service.run()
+      ├─ LoopWatch.run            the loop's lag (a metric) and a warning naming a stall
       ├─ Pool.run                 scrape loops (started: after the first scrape round)
       ├─ grpc.aio servers         Pick API + health + reflection; Admin on its own port
       ├─ _health_loop             SERVING once an endpoint is fresh and policies are loaded
@@ -10,9 +11,14 @@
       ├─ DecisionLog writer       [decisions] log: a thread the lifespan starts and joins
       └─ _watch_policy_dir        NAME.wasm created/changed -> validated hot swap
 
+Before any of it, :meth:`Service.load_policies` compiles and vets the start-up policies
+on worker threads (the health says SERVING only once they are live).
+
 Everything runs on the one asyncio event-loop thread (anyio on the asyncio backend,
-since grpc.aio needs asyncio), so the scheduler and every WASM Store are only ever
-touched from that thread. The epoch ticker thread is owned by the Runtime and stopped
+since grpc.aio needs asyncio), so the scheduler and every live WASM Store are only ever
+touched from that thread (a policy is made, and given its predecessor's state, on a
+worker before it goes live). Blocking work goes to workers: module reads, compiles,
+conformance runs, admin saves to ``[admin] persist_dir``. The epoch ticker thread is owned by the Runtime and stopped
 with it. Cancel the task group (Ctrl-C, SIGTERM, ``Service.stop``) to stop cleanly.
 """
 
@@ -34,12 +40,13 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from epick import telemetry
-from epick.api.admin import MAX_MODULE_BYTES, AdminService
+from epick.api.admin import MAX_REQUEST_BYTES, AdminService
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker_pb2_grpc
 from epick.api.picker import PickerService
 from epick.config import Config, ConfigError, load, resolve_module
 from epick.interfaces import PluginError
 from epick.kv.service import KvEvents
+from epick.loopwatch import LoopWatch
 from epick.policy_manager import PolicyManager, PolicyRejected, PolicySpec, read_module
 from epick.policy_store import PolicyStore
 from epick.pool import Pool
@@ -55,6 +62,8 @@ log = logging.getLogger("epick.service")
 PICKER_SERVICE = picker_pb2.DESCRIPTOR.services_by_name["EndpointPicker"].full_name
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+#: The Pick server's largest message (long prompts); the admin server has its own cap.
+PICK_MAX_MESSAGE_BYTES = 33 << 20
 
 
 class ListenError(OSError):
@@ -230,6 +239,10 @@ class Service:
         telemetry.POLICY_STATS.source = lambda: [(e.name, e.plugin)
                                                  for e in self.scheduler.policies.entries]
         self.health = HealthServicer()
+        self.loop_watch = LoopWatch(warn_s=config.server.loop_stall_warn_ms / 1e3,
+                                    observe=telemetry.EVENT_LOOP_LAG.observe,
+                                    on_stall=lambda _lag, _seen:
+                                    telemetry.EVENT_LOOP_STALLS.inc())
         self.decisions = _decision_log(config, config_path)
         if self.decisions is not None:
             self.decisions.attach(self.scheduler)
@@ -238,24 +251,13 @@ class Service:
         self._serving: bool | None = None
         self._applied_policies: dict[str, tuple] = {}
         """Per config policy: its entry and module hash as last applied."""
-        self._load_policies(config)
+        self._policies_loaded = False
+        """Set by :meth:`load_policies`: the health says SERVING only after it."""
         self.store: PolicyStore | None = None
         if config.admin.persist_dir:
             self.store = PolicyStore(self._folder(config.admin.persist_dir))
-            self._load_saved()
 
     # -- policies from config ---------------------------------------------------------
-
-    def _load_policies(self, config: Config) -> list[str]:
-        """All config policies or none (raises ConfigError naming the policy). Returns
-        the policies loaded while serving that stay (PolicyManager.replace_all)."""
-        entries, applied = self._policy_entries(config)
-        try:
-            kept = self.manager.replace_all(entries, changed=self._changed(applied))
-        except PolicyRejected as exc:
-            raise ConfigError(str(self.config_path or "config"), str(exc)) from None
-        self._applied_policies = applied
-        return kept
 
     def _changed(self, applied: dict[str, tuple]) -> set[str]:
         """Config entries that differ from the last applied config (entry or module bytes)."""
@@ -288,19 +290,40 @@ class Service:
             folder = self.config_path.parent / folder
         return folder
 
-    def _load_saved(self) -> None:
+    async def load_policies(self) -> None:
+        """The start-up loads: the config's policies, then those saved in ``[admin]
+        persist_dir``. Files are read and modules compiled and vetted on worker threads,
+        so the loop stays free; each set goes live on the loop. Raises ConfigError naming
+        the config policy that cannot load. :meth:`run` calls it (once) before it serves;
+        call it first to get that error before the lifespan starts."""
+        if self._policies_loaded:
+            return
+        entries, applied = await anyio.to_thread.run_sync(self._policy_entries, self.config)
+        try:
+            await self.manager.replace_all_async(entries, changed=self._changed(applied))
+        except PolicyRejected as exc:
+            raise ConfigError(str(self.config_path or "config"), str(exc)) from None
+        self._applied_policies = applied
+        if self.store is not None:
+            await self._load_saved()
+        self._policies_loaded = True
+
+    async def _load_saved(self) -> None:
         """The admin loads saved in ``[admin] persist_dir``, made live again after the
         config's. One that no longer loads is logged and left on disk."""
-        for name, wasm, saved in self.store.load_all():
+        for name, wasm, saved in await self.store.off_loop(self.store.load_all):
             try:
-                self.manager.activate(name, wasm, saved.params, weight=saved.weight,
-                                      shadow=saved.shadow, source="saved", gate=False)
+                await self.manager.activate_async(name, wasm, saved.params,
+                                                  weight=saved.weight, shadow=saved.shadow,
+                                                  source="saved", gate=False)
             except PolicyRejected as exc:
                 log.error("saved policy %r not loaded (left in %s): %s", name,
                           self.store.folder, exc)
 
     async def reload_async(self) -> bool:
-        """:meth:`reload` with file reads, compiles and vetting off the event loop."""
+        """Re-read the config file; apply it or keep the old one (True if applied). File
+        reads, compiles and vetting run off the event loop (there is no blocking twin:
+        a compile on the loop would stall every pick behind it)."""
         if self.config_path is None:
             return False
         try:
@@ -315,18 +338,6 @@ class Service:
         except PolicyRejected as exc:
             log.error("config reload refused, still serving the previous config: %s",
                       ConfigError(str(self.config_path), str(exc)))
-            return False
-        return self._apply_config(new, kept)
-
-    def reload(self) -> bool:
-        """Re-read the config file; apply it or keep the old one. True if applied."""
-        if self.config_path is None:
-            return False
-        try:
-            new = load(self.config_path)
-            kept = self._load_policies(new)
-        except ConfigError as exc:
-            log.error("config reload refused, still serving the previous config: %s", exc)
             return False
         return self._apply_config(new, kept)
 
@@ -355,8 +366,13 @@ class Service:
         """Serve until cancelled. ``started`` fires once the ports are bound, the first
         scrape round is done and the policies are loaded."""
         self._watchers_stop = anyio.Event()
+        try:
+            await self.load_policies()
+        except BaseException:
+            self.runtime.close()
+            raise
         options = [
-            ("grpc.max_receive_message_length", MAX_MODULE_BYTES + (1 << 20)),
+            ("grpc.max_receive_message_length", PICK_MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(options=options)
@@ -372,7 +388,12 @@ class Service:
 
         admin = None
         if self.config.admin.listen:
-            admin = grpc.aio.server(options=options)
+            # Bounded by the module cap: gRPC refuses a bigger LoadPolicy (RESOURCE_EXHAUSTED)
+            # from its length prefix instead of receiving it while picks wait.
+            admin = grpc.aio.server(options=[
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                ("grpc.so_reuseport", 0),
+            ])
             admin_pb2_grpc.add_AdminServicer_to_server(
                 AdminService(self.manager, self.config.admin.effective_token(),
                              store=self.store), admin)
@@ -410,6 +431,7 @@ class Service:
             await self._set_health(False)
             async with anyio.create_task_group() as tg:
                 self._cancel = tg.cancel_scope
+                await tg.start(self.loop_watch.run)
                 await tg.start(self.pool.run)
                 if self.kv is not None:
                     await tg.start(self.kv.subscriber.run)
@@ -467,7 +489,8 @@ class Service:
         log.info("health: %s", "SERVING" if serving else "NOT_SERVING")
 
     async def _update_health(self) -> None:
-        await self._set_health(self.pool.ready() and len(self.scheduler.policies) > 0)
+        await self._set_health(self._policies_loaded and self.pool.ready()
+                               and len(self.scheduler.policies) > 0)
 
     async def _health_loop(self) -> None:
         while True:
@@ -489,7 +512,7 @@ class Service:
         """Policies' state checkpoints (for recovery after a trap), off the request path."""
         while True:
             await anyio.sleep(1.0)
-            self.manager.checkpoint_all()
+            await self.manager.checkpoint_each()
 
     async def _watch_config(self) -> None:
         import watchfiles

@@ -41,6 +41,8 @@ __all__ = [
     "COMPLETIONS",
     "COMPLETION_TOKENS",
     "TTFT",
+    "EVENT_LOOP_LAG",
+    "EVENT_LOOP_STALLS",
     "DECISION_LOG_RECORDS",
     "DECISION_LOG_DROPPED",
     "DECISION_LOG_BYTES",
@@ -217,6 +219,19 @@ TTFT = Histogram(
     "epick_ttft_seconds",
     "Time to first token of reported completions (request received -> first answer byte).",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+    registry=REGISTRY,
+)
+EVENT_LOOP_LAG = Histogram(
+    "epick_event_loop_lag_seconds",
+    "How late the event loop woke a task that asked to wake (sampled every 50 ms): the "
+    "time picks queue behind whatever runs on the loop.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    registry=REGISTRY,
+)
+EVENT_LOOP_STALLS = Counter(
+    "epick_event_loop_stalls_total",
+    "Times the event loop was held past [server] loop_stall_warn_ms (each one is logged "
+    "as a warning naming what ran).",
     registry=REGISTRY,
 )
 SHADOW_SCORE_DELTA = Histogram(

@@ -104,3 +104,53 @@ def test_a_bad_weight_is_refused_before_anything_is_vetted(manager):
     with pytest.raises(PolicyRejected, match=r"weight must be a finite number >= 0, got -1"):
         manager.activate("a", LOAD, weight=-1.0, gate=False)
     assert one_record(manager) == []
+
+
+def test_an_async_hot_swap_imports_the_state_off_the_loop(manager, monkeypatch):
+    import threading
+
+    import anyio
+
+    import epick.policy_manager as pm
+
+    manager.activate("prefix", PREFIX, source="admin", gate=False)
+    old = manager.scheduler.policies.get("prefix").plugin
+    manager.scheduler.schedule(abi.Request(model="m", seed=1, prompt="x" * 4096))
+    state = old.export_state()
+    assert state
+    imports: list[threading.Thread] = []
+    real_import = pm._import
+
+    def spy(name, plugin, blob):
+        imports.append(threading.current_thread())
+        real_import(name, plugin, blob)
+
+    monkeypatch.setattr(pm, "_import", spy)
+
+    async def swap():
+        await manager.activate_async("prefix", PREFIX, source="admin", gate=False)
+        return threading.current_thread()
+
+    loop_thread = anyio.run(swap)
+    new = manager.scheduler.policies.get("prefix").plugin
+    assert new is not old and new.export_state() == state
+    assert len(imports) == 1 and imports[0] is not loop_thread  # once, on a worker
+
+
+def test_checkpoint_each_skips_a_plugin_swapped_out_meanwhile(manager):
+    import anyio
+
+    manager.replace_all([PolicySpec("load", LOAD), PolicySpec("prefix", PREFIX)])
+    load, prefix = (e.plugin for e in manager.scheduler.policies.entries)
+    calls: list[str] = []
+
+    async def checkpoint_while_prefix_leaves():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(manager.checkpoint_each)
+            await anyio.sleep(0)  # the first policy's turn is done: remove the second
+            manager.remove("prefix")
+
+    load.checkpoint = lambda: calls.append("load")
+    prefix.checkpoint = lambda: calls.append("prefix")
+    anyio.run(checkpoint_while_prefix_leaves)
+    assert calls == ["load"] and one_record(manager) == ["load"]

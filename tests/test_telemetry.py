@@ -23,6 +23,8 @@ EXPECTED = {
     "epick_completions": ("counter", ("status",)),
     "epick_completion_tokens": ("counter", ("kind",)),
     "epick_ttft_seconds": ("histogram", ()),
+    "epick_event_loop_lag_seconds": ("histogram", ()),
+    "epick_event_loop_stalls": ("counter", ()),
     "epick_decision_log_records": ("counter", ("kind",)),
     "epick_decision_log_dropped": ("counter", ("reason",)),
     "epick_decision_log_bytes": ("counter", ()),

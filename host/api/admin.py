@@ -13,14 +13,17 @@ import json
 import grpc
 
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc
-from epick.policy_manager import LoadsBusy, PolicyManager, PolicyRejected, check_name
+from epick.api.status import grpc_code
+from epick.policy_manager import MAX_MODULE_BYTES, PolicyManager, PolicyRejected, check_name
 from epick.policy_store import PolicyStore, SavedPolicy, StoreError
 from epick.scheduler.policyset import UnknownPolicyError
 
-__all__ = ["AdminService", "MAX_MODULE_BYTES"]
+__all__ = ["AdminService", "MAX_MODULE_BYTES", "MAX_REQUEST_BYTES"]
 
-#: Largest module LoadPolicy accepts (the gRPC message limit is raised to fit it).
-MAX_MODULE_BYTES = 32 << 20
+#: The admin server's largest message: a module at the cap plus its name and params.
+#: gRPC refuses a bigger one (RESOURCE_EXHAUSTED) from its length prefix, before reading
+#: it: a 30 MiB upload costs the picks nothing.
+MAX_REQUEST_BYTES = MAX_MODULE_BYTES + (256 << 10)
 
 
 def _describe_scheme(scheme: str, rest: str) -> str:
@@ -101,8 +104,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         try:
             check_name(request.name)
         except PolicyRejected as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"LoadPolicy.name: {exc.reason}")
+            await context.abort(grpc_code(exc), f"LoadPolicy.name: {exc.reason}")
         if not request.wasm:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "LoadPolicy.wasm is empty")
         try:
@@ -124,19 +126,19 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 request.name, request.wasm, params, weight=weight,
                 shadow=request.shadow, source="admin",
             )
-        except LoadsBusy as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except PolicyRejected as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except PolicyRejected as exc:  # the status by its kind (epick.interfaces.STATUS)
+            await context.abort(grpc_code(exc), str(exc))
         if self.store is not None:
-            await self._saved(context, request.name, lambda: self.store.save(
-                request.name, request.wasm,
-                SavedPolicy(params=params, weight=weight, shadow=request.shadow)))
+            await self._saved(context, request.name, self.store.save, request.name,
+                              request.wasm, SavedPolicy(params=params, weight=weight,
+                                                        shadow=request.shadow))
         return self._info(request.name)
 
-    async def _saved(self, context, name: str, save) -> None:
+    async def _saved(self, context, name: str, change, *args) -> None:
+        """``change(*args)`` on the store, on its worker thread (a module of up to the cap
+        is written: never on the loop)."""
         try:
-            save()
+            await self.store.off_loop(change, *args)
         except StoreError as exc:
             await context.abort(grpc.StatusCode.INTERNAL,
                                 f"policy {name!r} is live, but not saved for a restart: {exc}")
@@ -148,7 +150,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except UnknownPolicyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         if self.store is not None:
-            await self._saved(context, request.name, lambda: self.store.remove(request.name))
+            await self._saved(context, request.name, self.store.remove, request.name)
         return admin_pb2.RemovePolicyResponse()
 
     async def SetWeight(self, request, context):
@@ -158,10 +160,10 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except UnknownPolicyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except PolicyRejected as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc_code(exc), str(exc))
         if self.store is not None:
-            await self._saved(context, request.name,
-                              lambda: self.store.set_weight(request.name, request.weight))
+            await self._saved(context, request.name, self.store.set_weight, request.name,
+                              request.weight)
         return self._info(request.name)
 
     async def ListPolicies(self, request, context):

@@ -21,7 +21,9 @@ import grpc
 
 from epick.api.decide import REFUSALS, Decider, outcome_of
 from epick.api.gen.epick.v1 import picker_pb2, picker_pb2_grpc
+from epick.api.status import grpc_code
 from epick.api.validate import InvalidArgument, pin_of, to_completion, to_request
+from epick.interfaces import PolicyFailure
 from epick.scheduler.scheduler import Scheduler
 
 __all__ = ["PickerService", "InvalidArgument", "to_request", "to_completion", "pin_of",
@@ -35,7 +37,10 @@ STREAM_WINDOW = 16
 
 
 def status_for(exc: Exception) -> grpc.StatusCode:
-    """The gRPC status code of a pick that failed with ``exc`` (:data:`REFUSALS`)."""
+    """The gRPC status code of a pick that failed with ``exc``: a policy failure's by its
+    kind (``interfaces.STATUS``), anything else's from :data:`REFUSALS`."""
+    if isinstance(exc, PolicyFailure):
+        return grpc_code(exc)
     return REFUSALS[outcome_of(exc)].grpc
 
 

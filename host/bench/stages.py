@@ -72,8 +72,8 @@ def _guest(a: tuple) -> str:
 
 #: In pick-path order; a row's place in the table is its first probe's.
 PROBES: tuple[Probe, ...] = (
-    Probe("epick.api.picker:pin_of", "validation (pin_of, to_request)"),
-    Probe("epick.api.picker:to_request", "validation (pin_of, to_request)"),
+    Probe("epick.api.decide:pin_of", "validation (pin_of, to_request)"),
+    Probe("epick.api.decide:to_request", "validation (pin_of, to_request)"),
     Probe("epick.scheduler.scheduler:Scheduler.schedule",
           "scheduler: schedule's own code (cycle, Decision)"),
     Probe("epick.scheduler.scheduler:Scheduler._filter", "host filters: the stage's own code"),

@@ -4,7 +4,9 @@
 publishes (:class:`PoolSnapshot`, :class:`EndpointInfo`), the per-request
 :class:`Cycle`, the plugin protocols (filter, score, pre-request, post-response), the
 :class:`Picker`, the :class:`Capabilities` a plugin declares (checked once, at install,
-by :func:`check_plugin`) and the one error a plugin raises (:class:`PluginError`). The
+by :func:`check_plugin`), the one error a plugin raises (:class:`PluginError`) and the
+one family every policy failure belongs to (:class:`PolicyFailure`, with a
+:class:`FailureKind`, and :data:`STATUS`, the one table of what each kind answers). The
 scheduler runs them, the runtime implements them (``WasmPolicy``), the pool builds the
 snapshot, the API and the decision log read it.
 
@@ -13,10 +15,12 @@ rule, with the others, is written in docs/design.md ("Layers") and enforced by t
 import-linter contracts that `make lint` runs.
 
 Modules: ``snapshot`` (PoolSnapshot, EndpointInfo), ``cycle`` (Cycle, AssignmentView, KvCounts),
-``plugins`` (the protocols, Capabilities, PluginError, Picker).
+``plugins`` (the protocols, Capabilities, PluginError, Picker), ``errors``
+(PolicyFailure, FailureKind, STATUS).
 """
 
 from epick.interfaces.cycle import AssignmentView, Cycle, KvCounts
+from epick.interfaces.errors import STATUS, FailureKind, PolicyFailure, Status, status_of
 from epick.interfaces.plugins import (
     EXTENSION_POINTS,
     Capabilities,
@@ -39,6 +43,11 @@ __all__ = [
     "AssignmentView",
     "KvCounts",
     "PluginError",
+    "PolicyFailure",
+    "FailureKind",
+    "Status",
+    "STATUS",
+    "status_of",
     "Capabilities",
     "EXTENSION_POINTS",
     "Plugin",

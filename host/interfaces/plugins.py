@@ -30,6 +30,7 @@ import numpy as np
 
 from epick import abi
 from epick.interfaces.cycle import Cycle
+from epick.interfaces.errors import FailureKind, PolicyFailure
 
 __all__ = [
     "Capabilities",
@@ -88,11 +89,13 @@ class Plugin(Protocol):
     capabilities: Capabilities
 
 
-class PluginSpecError(TypeError):
+class PluginSpecError(PolicyFailure, TypeError):
     """A plugin is not what it declares (refused at install). ``plugin`` names it."""
 
+    kind = FailureKind.SPEC
+
     def __init__(self, plugin: str, reason: str) -> None:
-        super().__init__(f"plugin {plugin!r}: {reason}")
+        super().__init__(f"plugin {plugin!r}: {reason}", policy=plugin)
         self.plugin = plugin
         self.reason = reason
 
@@ -118,19 +121,21 @@ def check_plugin(name: str, plugin: object) -> Capabilities:
     return caps
 
 
-class PluginError(Exception):
+class PluginError(PolicyFailure):
     """A plugin failed for this call: it trapped, timed out, errored or misbehaved.
 
     ``plugin`` names who failed, ``stage`` where (``score``, ``filter``, ``pre_request``…),
-    ``kind`` what happened (``error``, ``trap``, ``timeout``, ``invalid-output``,
-    ``circuit-open``) — the label used by metrics.
+    ``kind`` what happened (a :class:`FailureKind`: ``error``, ``trap``, ``timeout``,
+    ``invalid-output``, ``circuit-open``…; a plain string naming one is taken too) — the
+    label used by metrics.
     """
 
-    def __init__(self, plugin: str, stage: str, kind: str, reason: str) -> None:
-        super().__init__(f"policy {plugin!r} {stage}: {kind}: {reason}")
+    def __init__(self, plugin: str, stage: str, kind: FailureKind | str, reason: str) -> None:
+        kind = FailureKind(kind)
+        super().__init__(f"policy {plugin!r} {stage}: {kind}: {reason}", kind=kind,
+                         policy=plugin)
         self.plugin = plugin
         self.stage = stage
-        self.kind = kind
         self.reason = reason
 
 

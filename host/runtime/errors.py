@@ -2,7 +2,8 @@
 
 ::
 
-    PolicyError                 base; .policy (module name), .export (or None)
+    PolicyError                 base; .policy (module name), .export (or None), .kind
+                                (epick.interfaces.PolicyFailure: the one family)
     ├── PolicyLoadError         the module cannot go live: not wasm, missing/ill-typed
     │                           export, wrong ABI version, init refused its params,
     │                           validation failed
@@ -24,6 +25,8 @@ does).
 
 from __future__ import annotations
 
+from epick.interfaces.errors import FailureKind, PolicyFailure
+
 __all__ = [
     "PolicyError",
     "PolicyLoadError",
@@ -35,12 +38,15 @@ __all__ = [
 ]
 
 
-class PolicyError(Exception):
-    """Something went wrong with policy ``policy`` (in ``export``, when one is known)."""
+class PolicyError(PolicyFailure):
+    """Something went wrong with policy ``policy`` (in ``export``, when one is known).
+
+    ``kind`` (a :class:`~epick.interfaces.FailureKind`) is set by each subclass."""
+
+    kind = FailureKind.ERROR
 
     def __init__(self, policy: str, export: str | None, detail: str) -> None:
-        super().__init__(f"policy {policy!r}: {detail}")
-        self.policy = policy
+        super().__init__(f"policy {policy!r}: {detail}", policy=policy)
         self.export = export
         self.detail = detail
         """The message without the ``policy '<name>': `` prefix."""
@@ -52,6 +58,8 @@ class PolicyError(Exception):
 class PolicyLoadError(PolicyError):
     """The module cannot go live. ``message`` is the guest's text when ``init`` refused."""
 
+    kind = FailureKind.INVALID_MODULE
+
     def __init__(
         self, policy: str, export: str | None, detail: str, *, message: str | None = None
     ) -> None:
@@ -62,6 +70,8 @@ class PolicyLoadError(PolicyError):
 class PolicyCallError(PolicyError):
     """An export returned a non-zero status; ``message`` is what the guest said why."""
 
+    kind = FailureKind.ERROR
+
     def __init__(self, policy: str, export: str, status: int, message: str) -> None:
         super().__init__(policy, export, f"{export} returned {status}: {message}")
         self.status = status
@@ -71,6 +81,8 @@ class PolicyCallError(PolicyError):
 class PolicyTrap(PolicyError):
     """The guest trapped; ``trap_code`` is wasmtime's name for why (``UNREACHABLE``…)."""
 
+    kind = FailureKind.TRAP
+
     def __init__(self, policy: str, export: str, trap_code: str | None, detail: str) -> None:
         super().__init__(policy, export, detail)
         self.trap_code = trap_code
@@ -78,6 +90,8 @@ class PolicyTrap(PolicyError):
 
 class PolicyTimeout(PolicyError):
     """The call was interrupted at its epoch deadline (``budget_ms`` plus up to one tick)."""
+
+    kind = FailureKind.TIMEOUT
 
     def __init__(self, policy: str, export: str, budget_ms: float) -> None:
         super().__init__(policy, export, f"{export} exceeded its {budget_ms:g} ms budget")
@@ -90,6 +104,8 @@ class PolicyOutOfFuel(PolicyError):
     Deterministic: the same input runs out again, so it is never retried.
     """
 
+    kind = FailureKind.OUT_OF_FUEL
+
     def __init__(self, policy: str, export: str, fuel: int) -> None:
         super().__init__(
             policy, export, f"{export} ran out of fuel (its budget is {fuel:,} instructions)"
@@ -99,3 +115,5 @@ class PolicyOutOfFuel(PolicyError):
 
 class PolicyOutputError(PolicyError):
     """The call succeeded but what the guest wrote cannot be used."""
+
+    kind = FailureKind.INVALID_OUTPUT

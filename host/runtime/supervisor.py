@@ -50,7 +50,6 @@ from epick.runtime.checkpoints import Checkpoints
 from epick.runtime.errors import (
     PolicyError,
     PolicyOutOfFuel,
-    PolicyOutputError,
     PolicyTimeout,
     PolicyTrap,
 )
@@ -80,16 +79,8 @@ _perf_ns = time.perf_counter_ns
 
 
 def error_kind(exc: PolicyError) -> str:
-    """The ``PluginError.kind`` for a runtime error."""
-    if isinstance(exc, PolicyTimeout):
-        return "timeout"
-    if isinstance(exc, PolicyOutOfFuel):
-        return "out-of-fuel"
-    if isinstance(exc, PolicyTrap):
-        return "trap"
-    if isinstance(exc, PolicyOutputError):
-        return "invalid-output"
-    return "error"
+    """The ``PluginError.kind`` for a runtime error: its own (each class names one)."""
+    return exc.kind.value
 
 
 class Recovering(Exception):

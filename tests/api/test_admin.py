@@ -16,7 +16,9 @@ from fakes import vllm_page
 from epick.api.gen.epick.v1 import admin_pb2 as apb
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 from epick.api.gen.epick.v1 import picker_pb2_grpc
+from epick.api.status import grpc_code
 from epick.config import resolve_module
+from epick.interfaces import STATUS, FailureKind
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 LOAD = resolve_module("load").read_bytes()
@@ -124,7 +126,8 @@ def test_load_set_weight_and_remove_a_policy(fake_vllm, serve):
      "LoadPolicy.params_json must be a JSON object, got list"),
     ({"name": "x", "wasm": LOAD, "params_json": '{"queue_weight": "heavy"}'},
      grpc.StatusCode.FAILED_PRECONDITION, "queue_weight"),
-    ({"name": "x", "wasm": LOAD, "weight": -1}, grpc.StatusCode.FAILED_PRECONDITION,
+    # A bad argument, whichever call carries it (SetWeight says the same).
+    ({"name": "x", "wasm": LOAD, "weight": -1}, grpc.StatusCode.INVALID_ARGUMENT,
      "weight must be a finite number >= 0, got -1.0"),
 ], ids=["not-wasm", "empty", "no-name", "bad-json", "json-list", "bad-param", "neg-weight"])
 def test_bad_loads_are_refused_with_a_reason_and_change_nothing(fake_vllm, serve, request_kw,
@@ -294,3 +297,18 @@ def test_concurrent_loads_beyond_the_queue_are_refused_with_a_clear_status(fake_
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "loads are already being vetted or waiting (at most 5); try again" in details
     assert len(names(svc)) == 1 + outcomes.count("ok")
+
+
+@pytest.mark.parametrize("request_kw, kind", [
+    ({"wasm": b"\x00asm garbage"}, FailureKind.INVALID_MODULE),
+    ({"wasm": b"\x00" * 4096}, FailureKind.INVALID_MODULE),
+    ({"wasm": LOAD, "params_json": '{"queue_weight": "heavy"}'}, FailureKind.INVALID_MODULE),
+    ({"wasm": LOAD, "weight": -1}, FailureKind.BAD_ARGUMENT),
+], ids=["garbage", "zeros", "init-refuses-params", "negative-weight"])
+def test_a_refused_load_gets_the_status_the_table_says(fake_vllm, serve, request_kw, kind):
+    svc = serve([fake_vllm(vllm_page()).address], policies=("load",))
+    code, details = code_of(lambda: svc.admin.LoadPolicy(
+        apb.LoadPolicyRequest(name="broken", **request_kw), metadata=AUTH))
+    assert code == grpc.StatusCode[STATUS[kind].grpc] == grpc_code(kind)
+    assert details.startswith("policy 'broken' rejected: ")
+    assert names(svc) == ["load"]
