@@ -5,7 +5,7 @@ policies see, plus host-only facts (sleeping, served model names, the LoRA forma
 :func:`parse_metrics` is the same, returning only the metrics.
 
 The text is parsed by prometheus_client's parser; this module picks the samples
-(../shared/REAL_ENGINES.md, captured pages in tests/pool/fixtures/) and checks their values.
+(what real engines emit: the captured pages in tests/pool/fixtures/) and checks their values.
 
 Value rules (decided here, once):
 
