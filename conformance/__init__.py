@@ -1,6 +1,6 @@
 """The conformance suite: does a policy module do what its kind promises?
 
-Vectors (TOML data under ``conformance/vectors/``, hand-derived from DESIGN.md's tables)
+Vectors (TOML data under ``conformance/vectors/``, hand-derived from docs/scoring.md's tables)
 plus properties every policy must meet (:mod:`epick.conformance.properties`)::
 
     report = check(module, params)          # kind from the module's describe

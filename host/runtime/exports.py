@@ -54,6 +54,17 @@ def _kind(ty: object) -> str:
     }.get(type(ty), type(ty).__name__)
 
 
+def _edits(a: str, b: str) -> int:
+    """Edit distance, a swap of neighbours counting one (``scroe`` is 1 from ``score``)."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]
+
+
 def check_exports(name: str, module: wasmtime.Module) -> frozenset[str]:
     """Check ``module`` against the ABI's export table; return all its export names.
 
@@ -80,7 +91,15 @@ def check_exports(name: str, module: wasmtime.Module) -> frozenset[str]:
         if export not in types:
             raise PolicyLoadError(name, export, f"missing export {export!r}")
     if "score" not in types and "filter" not in types:
-        raise PolicyLoadError(name, None, "missing export 'score' or 'filter'")
+        # Name what it does export, and the export that was likely meant ("scroe").
+        near = [f"did you mean {want!r}, not {have!r}?" for have in sorted(types)
+                if have not in SIGNATURES for want in ("score", "filter")
+                if _edits(have.lower(), want) <= 2]
+        raise PolicyLoadError(
+            name, None,
+            f"missing export 'score' or 'filter'{': ' + ' '.join(near) if near else ''} "
+            f"(its exports: {', '.join(sorted(types))})",
+        )
 
     for export, (params, results) in SIGNATURES.items():
         ty = types.get(export)

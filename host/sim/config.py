@@ -1,7 +1,7 @@
 """The replica's calibration: one frozen Struct, every constant documented with its source.
 
 host/sim/README.md lists the same constants with the reference numbers they come from
-(DESIGN.md "Reference numbers": a 7–8B model on one H100 under vLLM v1). Change a value by
+(public figures for a 7–8B model on one H100 under vLLM v1). Change a value by
 building a new config (``msgspec.structs.replace(DEFAULT_CONFIG, max_loras=4)``) or by
 decoding one with :func:`load_config`, which rejects unknown keys and names the bad path.
 """
@@ -30,16 +30,16 @@ class ReplicaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     frontend_overhead_s: _NonNeg = 0.024
     """Fixed latency between a request's arrival and its entry into the engine's waiting
     queue (HTTP, tokenization, input processing). It holds no GPU time. With one base
-    decode step on top it gives the 25–40 ms TTFT floor of DESIGN.md ("prefill overhead
+    decode step on top it gives the 25–40 ms TTFT floor of the calibration ("prefill overhead
     25–40 ms"): 24 ms + 6 ms + prompt/prefill rate."""
     prefill_tokens_per_s: _Pos = 25_000.0
-    """Uncached prompt tokens computed per second of step time (DESIGN.md: 20–35k tok/s
+    """Uncached prompt tokens computed per second of step time (reference: 20–35k tok/s
     saturated)."""
     decode_step_base_s: _Pos = 0.006
-    """Fixed cost of every engine step (DESIGN.md: decode step ~6 ms)."""
+    """Fixed cost of every engine step (reference: decode step ~6 ms)."""
     per_context_token_s: _NonNeg = 0.04e-6
     """Extra step time per token of context held by the requests in the batch
-    (DESIGN.md: ~0.04 µs per token of context)."""
+    (reference: ~0.04 µs per token of context)."""
 
     # --- continuous batching (vLLM v1 defaults for an OpenAI server on an 80 GB GPU) -------
     max_num_seqs: _PosInt = 256
@@ -70,10 +70,10 @@ class ReplicaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     max_loras", vLLM's default. A load of an adapter still in host memory costs
     ``lora_load_host_s``, any other load ``lora_load_disk_s``."""
     lora_load_host_s: _NonNeg = 0.010
-    """Copying an adapter from host memory into a GPU slot (DESIGN.md: a few ms to
+    """Copying an adapter from host memory into a GPU slot (reference: a few ms to
     ~20 ms). The whole step waits for it, as in vLLM."""
     lora_load_disk_s: _NonNeg = 0.150
-    """Loading an adapter from local disk (DESIGN.md: 100 ms to seconds)."""
+    """Loading an adapter from local disk (reference: 100 ms to seconds)."""
     lora_metrics: Literal["current", "older"] = "current"
     """What ``vllm:lora_requests_info`` means on the page. ``current`` (vLLM 0.1x, seen on
     0.32): every adapter with an admitted in-flight request is written into BOTH

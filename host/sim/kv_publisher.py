@@ -1,7 +1,7 @@
 """A simulated replica's KV-cache events over real ZMQ sockets, as vLLM publishes them.
 
 Follows vLLM's ``ZmqEventPublisher`` (``vllm/distributed/kv_events.py``, 0.32; the frames
-are ../shared/REAL_ENGINES.md's): a PUB socket sends three frames per engine step —
+as captured from real vLLM in tests/kv/fixtures/): a PUB socket sends three frames per engine step —
 topic (UTF-8), sequence number (8 bytes big-endian, from 0), payload (msgpack
 ``KVEventBatch`` = ``[ts, [events...], data_parallel_rank]``, encoded by
 :func:`epick.kv.events.encode_batch`) — and a ROUTER *replay* socket answers a request

@@ -413,9 +413,14 @@ class MetricsPage:
                     state.lora_newest if state.lora_newest is not None else _scan(series))
                 max_lora = cfg.max_loras
                 if busy < 0:
+                    # Only series naming no adapter: the last sets and max_lora stand.
                     if previous is not None:
                         running, waiting = previous.running_adapters, previous.waiting_adapters
+                        if previous.max_lora > 0:
+                            max_lora = previous.max_lora
                 else:
+                    if max_lora == 0 and previous is not None:
+                        max_lora = previous.max_lora
                     run, wait, _ = series[busy]
                     running, waiting = _names(run), _names(wait)
                     if set(running) == set(waiting):

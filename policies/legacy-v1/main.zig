@@ -1,5 +1,5 @@
 //! legacy-v1 — the pre-v2 scheduler's filter tree, for the regression benchmark
-//! (DESIGN.md, "Legacy v1 filter tree"; seed 002).
+//! (docs/scoring.md, "legacy-v1"; seed 002).
 //!
 //! `filter` keeps the survivors of the tree; `score` gives every candidate 1.0, so the
 //! host's seeded random tie-break makes the final pick uniformly among the survivors.

@@ -1,4 +1,4 @@
-//! load — queue depth and KV-cache use (DESIGN.md, "Load").
+//! load — queue depth and KV-cache use (docs/scoring.md, "load").
 //!
 //!   queue = (max_q − q) / (max_q − min_q) over the candidates; 1.0 for all when equal
 //!   kv    = 1 − clamp(kv_usage, 0, 1)

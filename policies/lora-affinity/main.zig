@@ -1,5 +1,5 @@
 //! lora-affinity — prefer endpoints that already hold the request's LoRA adapter
-//! (DESIGN.md, "LoRA affinity"; seeds 000 and 002).
+//! (docs/scoring.md, "lora-affinity"; seeds 000 and 002).
 //!
 //! Profile "seed" (default), per endpoint, first match wins:
 //!   base-model request (no adapter)                 → 1.0 everywhere

@@ -1,5 +1,5 @@
 //! prefix-cache — prefer endpoints that likely hold the request's prompt prefix in their
-//! KV cache (DESIGN.md, "Prefix cache").
+//! KV cache (docs/scoring.md, "prefix-cache").
 //!
 //! The estimate (block hashing, per-endpoint LRUs, hot-swap state) is the SDK's
 //! `sdk.prefix.Estimator` (policies/sdk/prefix.zig, which documents the hash chain), shared

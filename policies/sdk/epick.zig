@@ -34,8 +34,13 @@
 //! `@panic("msg")` then still traps, but leaves `panic: msg` where errors go, and the
 //! host quotes it beside the trap.
 //!
-//! Hooks are found by name, so `exportPolicy` refuses a `pub` declaration that looks like
-//! a misspelt hook (`pre_request`, `PreRequest`, `preRequst`): it would never be called.
+//! Hooks are found by name, so `exportPolicy` refuses what looks like a misspelt hook (it
+//! would never be called): a `pub` declaration spelt like one but for case and `_`
+//! (`pre_request`, `PreRequest`), a long hook name with a typo or two (`preRequst`), and a
+//! `pub fn` within two edits of a hook the policy lacks that takes that hook's parameters
+//! (`scroe(ctx: *const ScoreCtx, out: []f64)`, `inti(p: *const Params)`). It also refuses
+//! `Params` without `init` (the params would be read and never applied), and a policy with
+//! neither `score` nor `filter`, naming the declarations close to those names.
 
 const std = @import("std");
 
@@ -150,21 +155,98 @@ fn folded(comptime name: []const u8) []const u8 {
     }
 }
 
-/// Levenshtein distance, for names of a few dozen bytes at comptime.
+/// Edit distance counting a swap of two neighbours as one edit (`scroe` is 1 from
+/// `score`), for names of a few dozen bytes at comptime.
 fn distance(comptime a: []const u8, comptime b: []const u8) usize {
     comptime {
-        var prev: [b.len + 1]usize = undefined;
-        for (&prev, 0..) |*p, j| p.* = j;
-        for (a, 0..) |ca, i| {
-            var cur: [b.len + 1]usize = undefined;
-            cur[0] = i + 1;
-            for (b, 0..) |cb, j| {
-                const cost: usize = if (ca == cb) 0 else 1;
-                cur[j + 1] = @min(@min(prev[j + 1] + 1, cur[j] + 1), prev[j] + cost);
+        var d: [a.len + 1][b.len + 1]usize = undefined;
+        for (0..a.len + 1) |i| d[i][0] = i;
+        for (0..b.len + 1) |j| d[0][j] = j;
+        for (1..a.len + 1) |i| {
+            for (1..b.len + 1) |j| {
+                const cost: usize = if (a[i - 1] == b[j - 1]) 0 else 1;
+                d[i][j] = @min(@min(d[i - 1][j] + 1, d[i][j - 1] + 1), d[i - 1][j - 1] + cost);
+                if (i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]) {
+                    d[i][j] = @min(d[i][j], d[i - 2][j - 2] + 1);
+                }
             }
-            prev = cur;
         }
-        return prev[b.len];
+        return d[a.len][b.len];
+    }
+}
+
+/// How far a `pub fn` name may be from a hook's (case and `_` ignored) and still be
+/// taken for that hook, misspelt.
+const near = 2;
+
+/// The hook `decl` is within `near` edits of, among `hooks`, or null.
+fn nearHook(comptime decl: []const u8, comptime hooks: []const []const u8) ?[]const u8 {
+    comptime {
+        for (hooks) |h| {
+            if (std.mem.eql(u8, decl, h)) return null;
+        }
+        for (hooks) |h| {
+            if (distance(folded(decl), folded(h)) <= near) return h;
+        }
+        return null;
+    }
+}
+
+/// The parameter types the SDK calls hook `hook` with (null: not a function hook).
+fn hookParams(comptime P: type, comptime hook: []const u8) ?[]const type {
+    const Params = if (@hasDecl(P, "Params")) P.Params else struct {};
+    const eql = std.mem.eql;
+    if (eql(u8, hook, "init")) return &.{*const Params};
+    if (eql(u8, hook, "score")) return &.{ *const ScoreCtx, []f64 };
+    if (eql(u8, hook, "filter")) return &.{ *const ScoreCtx, []u8 };
+    if (eql(u8, hook, "onSnapshot")) return &.{*const Snapshot};
+    if (eql(u8, hook, "preRequest")) return &.{*const PreRequest};
+    if (eql(u8, hook, "postResponse")) return &.{*const PostResponse};
+    if (eql(u8, hook, "exportState")) return &.{*Writer};
+    if (eql(u8, hook, "importState")) return &.{*Reader};
+    return null;
+}
+
+/// `F` is a function type taking exactly the parameter types `want`.
+fn takes(comptime F: type, comptime want: []const type) bool {
+    comptime {
+        const info = @typeInfo(F);
+        if (info != .@"fn") return false;
+        const got = info.@"fn".param_types;
+        if (got.len != want.len) return false;
+        for (got, want) |g, w| {
+            if ((g orelse return false) != w) return false;
+        }
+        return true;
+    }
+}
+
+const fn_hooks = [_][]const u8{
+    "init", "score", "filter", "onSnapshot", "preRequest", "postResponse", "exportState", "importState",
+};
+
+/// A `pub fn` that is a hook misspelt: within `near` edits of a hook the policy does not
+/// declare, taking that hook's parameters (`pub fn scroe(ctx: *const sdk.ScoreCtx, out:
+/// []f64)`). A helper of another shape (`pub fn store() void`) is the author's own.
+fn misspeltHook(comptime P: type, comptime decl: []const u8) ?[]const u8 {
+    comptime {
+        const h = nearHook(decl, &fn_hooks) orelse return null;
+        if (@hasDecl(P, h)) return null;
+        const F = @TypeOf(@field(P, decl));
+        return if (takes(F, hookParams(P, h).?)) h else null;
+    }
+}
+
+/// "; `pub scroe` is not `score`" for every declaration of `P` near one of `hooks`.
+fn nearNames(comptime P: type, comptime hooks: []const []const u8) []const u8 {
+    comptime {
+        var out: []const u8 = "";
+        for (std.meta.declarations(P)) |decl| {
+            if (nearHook(decl, hooks)) |h| {
+                out = out ++ "; `pub " ++ decl ++ "` is not `" ++ h ++ "`: did you mean `" ++ h ++ "`?";
+            }
+        }
+        return out;
     }
 }
 
@@ -189,9 +271,16 @@ fn checkDecls(comptime P: type) void {
     comptime {
         @setEvalBranchQuota(200_000);
         for (std.meta.declarations(P)) |decl| {
-            if (meant(decl)) |k| {
-                @compileError("policy '" ++ P.name ++ "' declares `pub " ++ decl ++ "`, which the SDK never calls: did you mean `" ++ k ++ "`? (hooks: " ++ hook_list ++ ")");
+            const k: ?[]const u8 = meant(decl) orelse misspeltHook(P, decl);
+            if (k) |hook| {
+                @compileError("policy '" ++ P.name ++ "' declares `pub " ++ decl ++ "`, which the SDK never calls: did you mean `" ++ hook ++ "`? (hooks: " ++ hook_list ++ ")");
             }
+        }
+        if (@hasDecl(P, "Params") and !@hasDecl(P, "init")) {
+            @compileError("policy '" ++ P.name ++ "' declares `Params` but no `init`, so its params would be read and never applied: add `pub fn init(p: *const Params) sdk.Error!void`" ++ nearNames(P, &.{"init"}));
+        }
+        if (!@hasDecl(P, "score") and !@hasDecl(P, "filter")) {
+            @compileError("policy '" ++ P.name ++ "' declares neither `score` nor `filter`; a policy declares one (or both)" ++ nearNames(P, &.{ "score", "filter" }));
         }
         if (!@hasDecl(P, "panic")) {
             @compileError("policy '" ++ P.name ++ "': add `pub const panic = sdk.panic;` to its root file, so that a @panic's message reaches the host (Zig looks for the panic handler in the root file only)");
@@ -211,7 +300,6 @@ pub fn exportPolicy(comptime P: type) void {
     @export(&E.output_len, .{ .name = "output_len" });
     @export(&E.init, .{ .name = "init" });
     @export(&E.describe, .{ .name = "describe" });
-    if (!@hasDecl(P, "score") and !@hasDecl(P, "filter")) @compileError("a policy declares score or filter (or both)");
     if (@hasDecl(P, "score")) @export(&E.score, .{ .name = "score" });
     if (@hasDecl(P, "filter")) @export(&E.filter, .{ .name = "filter" });
     if (E.resident) @export(&E.set_snapshot, .{ .name = "set_snapshot" });

@@ -1,5 +1,7 @@
 """The config file: defaults, every validation error names the file, the path and the value."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,43 @@ def test_an_empty_listen_address_switches_that_listener_off():
     assert c.server.metrics_listen == "" and c.admin.listen == ""
     with pytest.raises(config.ConfigError, match=r"at `\$.server.listen`"):
         config.loads("version = 1\n[server]\nlisten = ''")
+
+
+def _policy_config(tmp_path, params: str, module: str = "load") -> Path:
+    path = tmp_path / "epick.toml"
+    path.write_text(
+        "version = 1\n[server]\nlisten = '127.0.0.1:0'\nmetrics_listen = ''\n"
+        f"[admin]\nlisten = ''\n[runtime]\ncache_dir = '{tmp_path / 'cache'}'\n"
+        "[[pool.endpoints]]\naddress = '127.0.0.1:1'\n"
+        f"[[policies]]\nname = 'load'\nmodule = '{module}'\nparams = {params}\n")
+    return path
+
+
+def test_check_config_gives_serves_verdict_on_a_misspelt_param(tmp_path, capsys):
+    # `kv_limt` passes the TOML schema (params are the policy's); only the policy's own
+    # init refuses it — serve did, check-config said "ok".
+    path = _policy_config(tmp_path, "{ kv_limt = 0.8 }")
+    assert main(["check-config", str(path)]) == 1
+    checked = capsys.readouterr().err.strip()
+    served = subprocess.run([sys.executable, "-m", "epick.cli", "serve", "--config", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert served.returncode == 2, served.stderr
+    assert served.stderr.strip().splitlines()[-1] == f"epick: {checked}"
+    assert checked == (
+        f"{path}: policy 'load' rejected: policy 'load': init refused its params: unknown "
+        "param 'kv_limt' (known: queue_weight, kv_weight, work_weight, work_scale)")
+
+
+def test_check_config_runs_the_policys_own_param_checks(tmp_path, capsys):
+    path = _policy_config(tmp_path, "{ work_scale = 0.0 }")
+    assert main(["check-config", str(path)]) == 1
+    assert "param 'work_scale': 0 must be a finite number > 0" in capsys.readouterr().err
+    path = _policy_config(tmp_path, "{ work_scale = 4.0 }")
+    assert main(["check-config", str(path)]) == 0
+
+
+def test_check_config_refuses_a_file_that_is_not_a_policy(tmp_path, capsys):
+    (tmp_path / "junk.wasm").write_bytes(b"not wasm")
+    path = _policy_config(tmp_path, "{}", module=str(tmp_path / "junk.wasm"))
+    assert main(["check-config", str(path)]) == 1
+    assert "not a WebAssembly module" in capsys.readouterr().err

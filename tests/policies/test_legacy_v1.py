@@ -1,4 +1,4 @@
-"""legacy-v1: the pre-v2 filter tree (DESIGN.md, "Legacy v1 filter tree") — hand-derived
+"""legacy-v1: the pre-v2 filter tree (docs/scoring.md, "legacy-v1") — hand-derived
 outcomes, seeded LoRA affinity, shedding, and agreement with a Python reference on
 random pools."""
 
@@ -134,7 +134,7 @@ def test_describe_reports_every_default(policy):
 # -- agreement with a reference on random pools -----------------------------------------
 
 def reference(endpoints, adapter, criticality, seed, p=0.999):
-    """The tree as DESIGN.md states it, in plain Python."""
+    """The tree as docs/scoring.md states it, in plain Python."""
 
     def least_queue(s):
         lo, hi = min(e.waiting for e in s), max(e.waiting for e in s)

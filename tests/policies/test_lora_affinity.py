@@ -1,5 +1,5 @@
 """lora-affinity: the seed table row by row, request history, reconcile, the upstream
-profile, state hand-over (DESIGN.md, "LoRA affinity")."""
+profile, state hand-over (docs/scoring.md, "lora-affinity")."""
 
 from __future__ import annotations
 

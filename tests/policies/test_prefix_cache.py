@@ -1,6 +1,6 @@
 """prefix-cache: block hashing (checked against Python's xxhash), leading-run scores,
 the per-endpoint LRU, forgotten endpoints, capacity from num_gpu_blocks, state hand-over
-(DESIGN.md, "Prefix cache")."""
+(docs/scoring.md, "prefix-cache")."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def pre(endpoint: str, **request) -> bytes:
 
 
 def block_hashes(prompt: str, model: str = "m", salt: str = "", block_size: int = 64, max_blocks: int = 256):
-    """DESIGN.md's hashing, written independently of the policy."""
+    """docs/scoring.md's hashing, written independently of the policy."""
     data = prompt.encode()
     out: list[int] = []
     for i in range(min(len(data) // block_size, max_blocks)):

@@ -134,18 +134,52 @@ def test_lora_series_with_both_labels_empty_is_skipped_for_an_older_busy_one():
     assert parse(text).running_adapters == ("a",)
 
 
-def test_lora_all_empty_series_keep_the_previous_adapter_sets():
+def test_lora_all_empty_series_keep_the_previous_adapter_sets_and_max_lora():
     previous = EndpointMetrics(
         address="10.0.0.7:8000", running_adapters=("kept",), waiting_adapters=("w",), max_lora=2
     )
-    got = parse(BASE + lora_series("", "", 500.0, max_lora=4), previous=previous)
+    page = parse_page(BASE + lora_series("", "", 500.0, max_lora=4), engine="vllm", url=URL,
+                      previous=previous)
+    got = page.metrics
     assert (got.running_adapters, got.waiting_adapters) == (("kept",), ("w",))
-    assert got.max_lora == 4  # a server constant: read from the newest series, even empty
+    assert got.max_lora == 2  # seed 002: a series naming no adapter is skipped whole
+    assert page.lora_format == "idle"
 
 
 def test_lora_all_empty_series_without_previous_give_empty_sets_but_keep_max_lora():
     got = parse(BASE + lora_series("", "", 500.0, max_lora=3))
     assert (got.running_adapters, got.waiting_adapters, got.max_lora) == ((), (), 3)
+
+
+# The upstream case (seed 002, PR #423): vLLM writes a series whose adapter labels are
+# absent or empty once the server has no request in flight; the picker keeps what the pod
+# last ran, max_lora included, instead of reading "no adapters, no slots".
+UPSTREAM_IDLE_SERIES = {
+    "labels absent": 'vllm:lora_requests_info{max_lora="4"} 900.0\n',
+    "no labels at all": "vllm:lora_requests_info 900.0\n",
+    "labels empty": lora_series("", "", 900.0),
+}
+
+
+@pytest.mark.parametrize("series", UPSTREAM_IDLE_SERIES.values(), ids=UPSTREAM_IDLE_SERIES.keys())
+def test_lora_upstream_idle_series_keep_the_last_sets_and_max_lora(series):
+    busy = parse(BASE + lora_series("a,b", "c", 800.0))
+    assert (busy.running_adapters, busy.waiting_adapters, busy.max_lora) == (("a", "b"), ("c",), 4)
+    # The same page once the server went idle: the busy series stays, a newer idle one joins.
+    later = parse(BASE + lora_series("a,b", "c", 800.0) + series, previous=busy)
+    assert (later.running_adapters, later.waiting_adapters, later.max_lora) == (
+        ("a", "b"), ("c",), 4)
+    # A page carrying only the idle series (say, after a restart): the last values stand.
+    alone = parse(BASE + series, previous=busy)
+    assert (alone.running_adapters, alone.waiting_adapters, alone.max_lora) == (
+        ("a", "b"), ("c",), 4)
+
+
+def test_lora_series_without_a_max_lora_label_keeps_the_previous_value():
+    previous = EndpointMetrics(address="10.0.0.7:8000", running_adapters=("a",), max_lora=3)
+    text = BASE + 'vllm:lora_requests_info{running_lora_adapters="b",waiting_lora_adapters="b"} 5.0\n'
+    got = parse(text, previous=previous)
+    assert (got.running_adapters, got.max_lora) == (("b",), 3)
 
 
 def test_no_lora_metric_means_no_lora_even_with_previous_sets():
@@ -160,6 +194,20 @@ def test_a_bad_max_lora_label_skips_lora_names_why_and_keeps_the_rest():
     page = parse_page(text, engine="vllm", url=URL, previous=None)
     assert page.metrics.waiting == 2
     assert (page.metrics.running_adapters, page.metrics.max_lora) == ((), 0)
+    assert page.skipped == (
+        'vllm:lora_requests_info: vllm:lora_requests_info{max_lora="four"} is not an integer >= 0',
+    )
+
+
+def test_a_bad_max_lora_label_keeps_the_previous_sets_and_max_lora():
+    previous = EndpointMetrics(
+        address="10.0.0.7:8000", running_adapters=("a",), waiting_adapters=("w",), max_lora=4
+    )
+    text = BASE + lora_series("b", "", 2.0).replace('max_lora="4"', 'max_lora="four"')
+    page = parse_page(text, engine="vllm", url=URL, previous=previous)
+    got = page.metrics
+    assert (got.running_adapters, got.waiting_adapters, got.max_lora) == (("a",), ("w",), 4)
+    assert page.lora_format == "kept"
     assert page.skipped == (
         'vllm:lora_requests_info: vllm:lora_requests_info{max_lora="four"} is not an integer >= 0',
     )

@@ -49,7 +49,9 @@ def test_truncated_wasm_is_invalid_webassembly(runtime):
 def test_a_module_without_score_or_filter_is_refused(runtime):
     with pytest.raises(PolicyLoadError) as err:
         runtime.compile(minimal(score=""), name="x")
-    assert str(err.value) == "policy 'x': missing export 'score' or 'filter'"
+    assert str(err.value) == (
+        "policy 'x': missing export 'score' or 'filter' (its exports: alloc, epick_abi_version, "
+        "error_len, error_ptr, init, memory)")
 
 
 @pytest.mark.parametrize("export", ["epick_abi_version", "alloc", "error_ptr", "error_len", "init"])

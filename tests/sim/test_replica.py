@@ -18,7 +18,7 @@ def test_ttft_on_an_idle_replica_is_frontend_plus_one_prefill_step(prompt400, dr
     req = r.submit("r1", prompt400, 1, now=0.0)
     drain(r)
     assert req.first_token_at == pytest.approx(cfg.frontend_overhead_s + step(400, 400))
-    assert 0.025 <= req.first_token_at <= 0.060  # DESIGN.md: 25-40 ms overhead + prefill
+    assert 0.025 <= req.first_token_at <= 0.060  # calibration: 25-40 ms overhead + prefill
 
 
 def test_prefix_caching_skips_cached_blocks_and_lowers_ttft(prompt400, drain):
