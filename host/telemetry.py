@@ -195,6 +195,19 @@ SNAPSHOT_ENDPOINTS = Gauge(
     "Endpoints in the current pool snapshot (fresh or stale).",
     registry=REGISTRY,
 )
+DISCOVERY_ERRORS = Counter(
+    "epick_discovery_errors",
+    "Failed lookups of an endpoint source ([[pool.sources]]; the last set is kept), by "
+    "source (e.g. dns:NAME) and reason (timeout|servfail|refused|network|error).",
+    ["source", "reason"],
+    registry=REGISTRY,
+)
+DISCOVERY_ENDPOINTS = Gauge(
+    "epick_discovery_endpoints",
+    "Endpoints an endpoint source reports now (before merging with the static list).",
+    ["source"],
+    registry=REGISTRY,
+)
 SHADOW_AGREEMENT = Counter(
     "epick_shadow_agreement",
     "Picks where a shadow policy's choice agreed (or not) with the live one.",
