@@ -6,7 +6,8 @@ or any DNS server says the fleet is.
   port (a target that does not resolve is left out).
 
 Re-resolved after the answer's smallest TTL, clamped to ``[min_ttl_s, max_ttl_s]``. The
-name not existing (NXDOMAIN) or having no records is an answer: the set is empty. A
+name not existing (NXDOMAIN) or having no records is an answer: the set is empty (asked
+again after ``min_ttl_s``). A
 failed lookup (timeout, SERVFAIL, REFUSED, network) keeps the last set, counts
 ``epick_discovery_errors_total{source,reason}``, logs (the first failure at WARNING, then
 at most once a minute) and retries after ``min_ttl_s``, doubling up to ``max_ttl_s``.
@@ -148,6 +149,8 @@ class DnsSource:
         self._last_count = len(specs)
         self._gauge.set(len(specs))
         publish(specs)
+        if math.isinf(ttl):  # no records: ask again soon, the fleet may be coming up
+            return cfg.min_ttl_s
         return min(max(ttl, cfg.min_ttl_s), cfg.max_ttl_s)
 
     async def lookup(self) -> tuple[list[EndpointSpec], float]:

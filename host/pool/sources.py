@@ -183,21 +183,23 @@ class Sources:
         self._static = list(static)
         configs = list(configs)
         keep: list[_Running] = []
+        new: list[SourceConfig] = []
         unmatched = list(self._running)
         for config in configs:
             match = next((r for r in unmatched if r.config == config), None)
             if match is not None:
                 unmatched.remove(match)
                 keep.append(match)
+            else:
+                new.append(config)
         for gone in unmatched:
             gone.scope.cancel()
             log.info("source %s removed by the config", gone.name)
         self._running = keep
         self._configs = configs
         if self._tg is not None:
-            for config in configs:
-                if not any(r.config is config for r in keep):
-                    self._tg.start_soon(self._start, config)
+            for config in new:
+                self._tg.start_soon(self._start, config)
         self._publish()
 
     async def _start(self, config: SourceConfig) -> None:
