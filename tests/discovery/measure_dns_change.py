@@ -13,6 +13,7 @@ change and p50/p99. A measurement, not a test (latency goals live outside the su
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import tempfile
 import time
@@ -34,6 +35,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--changes", type=int, default=10)
     ap.add_argument("--ttl", type=int, default=1, help="record TTL and min_ttl_s (s)")
+    ap.add_argument("--seed", type=int, default=0, help="of the pauses between changes")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="epick-dns-measure-"))
     port = free_port("127.0.0.2")
@@ -59,10 +61,11 @@ def main() -> None:
             while pick() != addresses[0] and time.monotonic() < deadline:
                 time.sleep(0.01)
             took = []
+            rng = random.Random(args.seed)
             for i in range(args.changes):
                 new = (i + 1) % 2
                 # Changes land at a random point of the re-resolution period.
-                time.sleep(0.37 * args.ttl * (i % 3 + 1) / 3)
+                time.sleep(rng.uniform(0, args.ttl))
                 dns.set_hosts({"fleet.test": [ips[new]]})
                 t0 = time.monotonic()
                 dns.reload()
