@@ -205,7 +205,11 @@ class Sources:
     async def _start(self, config: SourceConfig) -> None:
         assert self._tg is not None
         kind = _REGISTRY[config.__struct_config__.tag]
-        source = kind.factory(config)
+        try:
+            source = kind.factory(config)
+        except Exception as exc:  # e.g. no system resolver: say so, serve the rest
+            log.error("source %s cannot start: %s", config.describe(), exc)
+            return
         running = _Running(config, config.describe(), anyio.CancelScope())
         self._running.append(running)
 

@@ -10,7 +10,7 @@ import time
 import grpc
 import msgspec
 from dnsmasq import Dnsmasq, free_port
-from epick_service import make_config, running
+from epick_service import config_text, make_config, running
 from fleet_thread import replicas
 
 from epick import config as cfg
@@ -114,3 +114,23 @@ def test_a_static_endpoint_at_a_discovered_address_keeps_its_static_spec(tmp_pat
             assert [(s.address, s.labels) for s in specs] == [(address, {"from": "static"})]
             found = svc.call(svc.service.sources.found)
             assert [s.labels for s in found["dns:fleet.test"]] == [{"from": "dns"}]
+
+
+def test_a_config_reload_adds_and_removes_a_source_and_keeps_the_static_list(tmp_path):
+    with replicas([("127.0.0.2", 0), ("127.0.0.3", 0)]) as (static, found), \
+            Dnsmasq(tmp_path, hosts={"fleet.test": ["127.0.0.3"]}) as dns:
+        port = int(found.rsplit(":", 1)[1])
+        path = tmp_path / "epick.toml"
+        base = config_text([static], tmp=tmp_path)
+        path.write_text(base)
+        source = (f'[[pool.sources]]\nkind = "dns"\nname = "fleet.test"\nport = {port}\n'
+                  f'resolver = "{dns.resolver}"\nmin_ttl_s = 0.1\n')
+        with running(cfg.load(path), config_path=path) as svc:
+            wait_for(lambda: fresh(svc) == {static}, what="the static endpoint")
+            path.write_text(base + source)
+            assert svc.call(svc.service.reload)
+            wait_for(lambda: fresh(svc) == {static, found}, what="the source's endpoint")
+            path.write_text(base)
+            assert svc.call(svc.service.reload)
+            wait_for(lambda: members(svc) == {static}, what="the source's endpoint gone")
+            assert svc.call(svc.service.sources.found) == {}
