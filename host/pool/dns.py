@@ -130,7 +130,12 @@ class DnsSource:
         """One lookup; publish on success. Returns the seconds until the next one."""
         cfg = self.config
         try:
-            specs, ttl = await self.lookup()
+            try:
+                with anyio.fail_after(cfg.timeout_s):  # all the lookup's queries together
+                    specs, ttl = await self.lookup()
+            except TimeoutError:
+                raise LookupFailed("timeout", f"{cfg.name}: no answer in {cfg.timeout_s} s"
+                                   ) from None
         except LookupFailed as exc:
             self.failures += 1
             self._errors[exc.reason].inc()
