@@ -54,7 +54,7 @@ class DnsSourceConfig(SourceConfig, frozen=True, kw_only=True, tag="dns"):
     port: Annotated[int, Meta(ge=1, le=65535)] | None = None
     """Every address's port; unset: ``name`` is an SRV name and each record has its port."""
     resolver: HostPort | None = None
-    """``host:port`` (or ``host``, port 53) of the DNS server to ask; unset: the system's
+    """``ip:port`` (or ``ip``, port 53; IPv6 in brackets) of the DNS server to ask; unset: the system's
     (``/etc/resolv.conf``)."""
     min_ttl_s: Annotated[float, Meta(gt=0)] = 1.0
     """Re-resolve no sooner than this, whatever the TTL (TTL 0 answers included)."""
@@ -69,6 +69,18 @@ class DnsSourceConfig(SourceConfig, frozen=True, kw_only=True, tag="dns"):
         if self.min_ttl_s > self.max_ttl_s:
             raise ValueError(f"pool.sources dns {self.name!r}: min_ttl_s {self.min_ttl_s} "
                              f"is above max_ttl_s {self.max_ttl_s}")
+
+        if self.resolver is not None:
+            host, port = self.resolver_address()
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                raise ValueError(f"pool.sources dns {self.name!r}: resolver {self.resolver!r} "
+                                 "is not an IP address (e.g. '10.96.0.10:53' or "
+                                 "'[fd00::a]:53')") from None
+            if not 0 < port < 65536:
+                raise ValueError(f"pool.sources dns {self.name!r}: resolver {self.resolver!r} "
+                                 "has an invalid port")
 
     def describe(self) -> str:
         return f"dns:{self.name}"

@@ -4,6 +4,7 @@ with a test kind whose set the test controls."""
 from __future__ import annotations
 
 import anyio
+import msgspec
 import pytest
 
 from epick import config as cfg
@@ -115,6 +116,8 @@ def test_dns_table_decodes_with_its_keys_and_template():
     assert (made.address, made.engine, made.labels, made.url) == (
         "10.1.2.3:8000", "sglang", {"zone": "a"}, "http://10.1.2.3:8000/metrics")
     assert source.template.spec("fd00::7", 9).address == "[fd00::7]:9"
+    for text, address in (("10.0.0.1", ("10.0.0.1", 53)), ("[fd00::a]:5353", ("fd00::a", 5353))):
+        assert msgspec.structs.replace(source, resolver=text).resolver_address() == address
 
 
 def test_template_placeholders_fill_host_and_port():
@@ -132,6 +135,10 @@ def test_template_placeholders_fill_host_and_port():
     ('[[pool.sources]]\nkind = "dns"\nname = "x"\nport = 70000\n', "pool.sources[0].port"),
     ('[[pool.sources]]\nkind = "dns"\nname = "x"\nresolvr = "1.1.1.1"\n', "resolvr"),
     ('[[pool.sources]]\nkind = "dns"\nname = "x"\nresolver = "a b:53"\n', "resolver"),
+    ('[[pool.sources]]\nkind = "dns"\nname = "x"\nresolver = "dns.local:53"\n',
+     "resolver 'dns.local:53' is not an IP address"),
+    ('[[pool.sources]]\nkind = "dns"\nname = "x"\nresolver = "10.0.0.1:0"\n',
+     "has an invalid port"),
     ('[[pool.sources]]\nkind = "dns"\nname = "x"\nmin_ttl_s = 9\nmax_ttl_s = 2\n',
      "min_ttl_s 9.0 is above max_ttl_s 2.0"),
     ('[[pool.sources]]\nkind = "dns"\nname = "x"\n[[pool.sources]]\nkind = "dns"\nname = "x"\n',
