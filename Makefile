@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # setuptools says "Editable installation." on every editable install: information only.
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: demo test test-perf lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real
+.PHONY: demo test test-perf dnsmasq lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +42,13 @@ LINT_IMPORTS = rm -rf $(LINT_VIEW) && mkdir -p $(LINT_VIEW)/epick \
 	&& ln -s $(CURDIR)/host/* $(CURDIR)/conformance $(LINT_VIEW)/epick/ \
 	&& PYTHONPATH=$(LINT_VIEW) $(VENV)/bin/lint-imports --no-cache --no-logo
 
-test: $(STAMP) $(ENVOY_STAMP)
+## dnsmasq: the real DNS server tests/discovery runs (Debian's package; CI is root on a
+## fresh machine). Idempotent: nothing to do when it is installed.
+dnsmasq:
+	@command -v dnsmasq >/dev/null || test -x /usr/sbin/dnsmasq \
+		|| (apt-get update -q && apt-get install -y -q dnsmasq)
+
+test: $(STAMP) $(ENVOY_STAMP) dnsmasq
 	$(VENV)/bin/ruff check --quiet .
 	$(LINT_IMPORTS)
 	$(PY) -m pytest -q

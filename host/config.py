@@ -13,12 +13,15 @@ from __future__ import annotations
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
 import msgspec
 from msgspec import Meta
 
-from epick.pool import EndpointSpec
+from epick.pool import EndpointSpec, kinds
+
+#: One ``[[pool.sources]]`` table: any registered kind, chosen by its ``kind`` key.
+SourceTable = Union[tuple(k.config for k in kinds().values())]  # noqa: UP007
 
 __all__ = [
     "CONFIG_VERSION",
@@ -107,8 +110,17 @@ class PoolConfig(_Table):
     With the service pinned elsewhere (``taskset``, a cpuset), scraping no longer shares
     a core with the picks (docs/performance.md: p99 2.3x -> 1.3-1.4x with vs without)."""
     endpoints: list[EndpointSpec] = []
+    sources: list[SourceTable] = []  # type: ignore[valid-type]
+    """Endpoint sources beside ``endpoints`` (docs/discovery.md): ``kind = "dns"`` with
+    ``name``, ``port`` (unset: SRV), ``resolver``, ``min_ttl_s``, ``max_ttl_s``,
+    ``timeout_s`` and a ``template`` for the endpoints found. A static endpoint's address
+    wins over a discovered one."""
 
     def __post_init__(self) -> None:
+        described = [s.describe() for s in self.sources]
+        for name in described:
+            if described.count(name) > 1 and not name.startswith("static:"):
+                raise ValueError(f"pool.sources: {name} is listed twice")
         if self.scrape_worker_cpus:
             if len(set(self.scrape_worker_cpus)) != len(self.scrape_worker_cpus):
                 raise ValueError(f"scrape_worker_cpus {self.scrape_worker_cpus} lists a CPU twice")
@@ -331,6 +343,8 @@ class Config(_Table):
             raise ValueError("openai.base_model is required when ext_proc.listen is set "
                              "(ext_proc.base_model, its older place, works too)")
         kv = [e.address for e in self.pool.endpoints if e.kv_events]
+        kv += [s.describe() for s in self.pool.sources
+               if getattr(getattr(s, "template", None), "kv_events", "")]
         if kv and not self.kv_events.tokenizer:
             raise ValueError(f"kv_events.tokenizer is required: endpoint {kv[0]!r} sets "
                              "kv_events (a tokenizer folder, or 'bytes' for the simulator)")

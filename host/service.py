@@ -2,6 +2,7 @@
 
     Service.run()
       ├─ LoopWatch.run            the loop's lag (a metric) and a warning naming a stall
+      ├─ Sources.run              [[pool.sources]] (DNS…) -> the pool's membership
       ├─ Pool.run                 scrape loops (started: after the first scrape round)
       ├─ grpc.aio servers         Pick API + health + reflection; Admin on its own port
       ├─ _health_loop             SERVING once an endpoint is fresh and policies are loaded
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import anyio
 import grpc
+import msgspec
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -49,7 +51,7 @@ from epick.kv.service import KvEvents
 from epick.loopwatch import LoopWatch
 from epick.policy_manager import PolicyManager, PolicyRejected, PolicySpec, read_module
 from epick.policy_store import PolicyStore
-from epick.pool import Pool
+from epick.pool import EndpointSpec, Pool, Sources
 from epick.runtime import Limits, Runtime
 from epick.scheduler.filters import AdmissionFilter
 from epick.scheduler.pickers import make_picker
@@ -179,6 +181,22 @@ def _decision_log(config: Config, config_path: Path | None):
         compress=dc.compress)
 
 
+def _with_template_kv(config: Config) -> Config:
+    """``config`` as :meth:`KvEvents.from_config` should see it: with KV events on when
+    only a source's template sets ``kv_events`` (a stand-in endpoint turns it on; the
+    service replaces the set with the real one at once)."""
+    if any(e.kv_events for e in config.pool.endpoints):
+        return config
+    for source in config.pool.sources:
+        template = getattr(source, "template", None)
+        if template is not None and template.kv_events:
+            probe = EndpointSpec(address="0.0.0.0:1", kv_events="discover")
+            pool = msgspec.structs.replace(config.pool,
+                                           endpoints=[*config.pool.endpoints, probe])
+            return msgspec.structs.replace(config, pool=pool)
+    return config
+
+
 def _host_port(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
@@ -227,7 +245,12 @@ class Service:
                          worker_cpus=pc.scrape_worker_cpus)
         self.scheduler.pool_status = self.pool.status
         # KV-cache events (precise prefix routing): None unless an endpoint sets kv_events.
-        self.kv = KvEvents.from_config(config, config_path)
+        self.kv = KvEvents.from_config(_with_template_kv(config), config_path)
+        if self.kv is not None:
+            self.kv.set_endpoints(pc.endpoints)
+        # Endpoint sources feed the pool through its one membership door, the same
+        # set_endpoints a config reload uses; the static list is always first and wins.
+        self.sources = Sources(pc.endpoints, pc.sources, self._set_membership)
         self.scheduler.kv = self.kv.routing if self.kv is not None else None
         self.manager = PolicyManager(
             self.runtime, self.scheduler,
@@ -345,9 +368,7 @@ class Service:
         if new.server != self.config.server or new.admin != self.config.admin:
             log.warning("%s: [server]/[admin] changes need a restart; applying the rest",
                         self.config_path)
-        self.pool.set_endpoints(new.pool.endpoints)
-        if self.kv is not None:
-            self.kv.set_endpoints(new.pool.endpoints)
+        self.sources.update(new.pool.endpoints, new.pool.sources)
         if new.kv_events != self.config.kv_events or (
                 self.kv is None and any(e.kv_events for e in new.pool.endpoints)):
             log.warning("%s: [kv_events] changes (or turning KV events on) need a restart",
@@ -359,6 +380,12 @@ class Service:
                  len(new.pool.endpoints), len(new.policies),
                  f"; kept {len(kept)} loaded while serving: {', '.join(kept)}" if kept else "")
         return True
+
+    def _set_membership(self, specs: list[EndpointSpec]) -> None:
+        """The merged endpoint set (static + sources) -> the pool and the KV subscriber."""
+        self.pool.set_endpoints(specs)
+        if self.kv is not None:
+            self.kv.set_endpoints(specs)
 
     # -- lifespan ------------------------------------------------------------------------
 
@@ -432,6 +459,8 @@ class Service:
             async with anyio.create_task_group() as tg:
                 self._cancel = tg.cancel_scope
                 await tg.start(self.loop_watch.run)
+                # Sources first: their first answers join the pool's first scrape round.
+                await tg.start(self.sources.run)
                 await tg.start(self.pool.run)
                 if self.kv is not None:
                     await tg.start(self.kv.subscriber.run)

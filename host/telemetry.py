@@ -36,6 +36,8 @@ __all__ = [
     "ENDPOINT_SCRAPE_AGE",
     "SNAPSHOT_REBUILDS",
     "SNAPSHOT_ENDPOINTS",
+    "DISCOVERY_ERRORS",
+    "DISCOVERY_ENDPOINTS",
     "SHADOW_AGREEMENT",
     "SHADOW_SCORE_DELTA",
     "COMPLETIONS",
@@ -195,6 +197,19 @@ SNAPSHOT_REBUILDS = Counter(
 SNAPSHOT_ENDPOINTS = Gauge(
     "epick_snapshot_endpoints",
     "Endpoints in the current pool snapshot (fresh or stale).",
+    registry=REGISTRY,
+)
+DISCOVERY_ERRORS = Counter(
+    "epick_discovery_errors",
+    "Failed lookups of an endpoint source ([[pool.sources]]; the last set is kept), by "
+    "source (e.g. dns:NAME) and reason (timeout|servfail|refused|network|error).",
+    ["source", "reason"],
+    registry=REGISTRY,
+)
+DISCOVERY_ENDPOINTS = Gauge(
+    "epick_discovery_endpoints",
+    "Endpoints an endpoint source reports now (before merging with the static list).",
+    ["source"],
     registry=REGISTRY,
 )
 SHADOW_AGREEMENT = Counter(

@@ -18,6 +18,8 @@ EXPECTED = {
     "epick_endpoint_scrape_age_seconds": ("gauge", ("endpoint",)),
     "epick_snapshot_rebuilds": ("counter", ()),
     "epick_snapshot_endpoints": ("gauge", ()),
+    "epick_discovery_errors": ("counter", ("source", "reason")),
+    "epick_discovery_endpoints": ("gauge", ("source",)),
     "epick_shadow_agreement": ("counter", ("policy", "agree")),
     "epick_shadow_score_delta": ("histogram", ("policy",)),
     "epick_completions": ("counter", ("status",)),

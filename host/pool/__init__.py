@@ -8,12 +8,16 @@
         pool.snapshot                 # epick.interfaces.PoolSnapshot
 
 Modules: ``spec`` (EndpointSpec), ``parse`` (a /metrics page -> EndpointMetrics),
-``pool`` (the scrape loops and the published snapshot), ``errors`` (ScrapeError).
+``pool`` (the scrape loops and the published snapshot), ``errors`` (ScrapeError),
+``sources`` (endpoint sources beside the static list: the registry and the runner),
+``dns`` (the DNS source).
 """
 
+from epick.pool import dns as _dns  # noqa: F401  (registers kind = "dns")
 from epick.pool.errors import SCRAPE_ERROR_KINDS, ScrapeError
 from epick.pool.parse import ENGINE_METRICS, parse_metrics
 from epick.pool.pool import MAX_BACKOFF_MS, EndpointStatus, Pool
+from epick.pool.sources import EndpointTemplate, SourceConfig, Sources, kinds
 from epick.pool.spec import ENGINES, EndpointSpec
 
 __all__ = [
@@ -26,4 +30,8 @@ __all__ = [
     "ENGINE_METRICS",
     "ScrapeError",
     "SCRAPE_ERROR_KINDS",
+    "SourceConfig",
+    "EndpointTemplate",
+    "Sources",
+    "kinds",
 ]
