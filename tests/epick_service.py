@@ -72,6 +72,11 @@ class Running:
             return fn(*args, **kw)
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=10)
 
+    def reload(self, timeout: float = 60) -> bool:
+        """Re-read the config file as the watcher would (``Service.reload_async``) and wait."""
+        return asyncio.run_coroutine_threadsafe(self.service.reload_async(),
+                                                self.loop).result(timeout=timeout)
+
 
 @contextmanager
 def running(config: cfg.Config, *, config_path: Path | None = None) -> Iterator[Running]:

@@ -128,9 +128,9 @@ def test_a_config_reload_adds_and_removes_a_source_and_keeps_the_static_list(tmp
         with running(cfg.load(path), config_path=path) as svc:
             wait_for(lambda: fresh(svc) == {static}, what="the static endpoint")
             path.write_text(base + source)
-            assert svc.call(svc.service.reload)
+            assert svc.reload()
             wait_for(lambda: fresh(svc) == {static, found}, what="the source's endpoint")
             path.write_text(base)
-            assert svc.call(svc.service.reload)
+            assert svc.reload()
             wait_for(lambda: members(svc) == {static}, what="the source's endpoint gone")
             assert svc.call(svc.service.sources.found) == {}
