@@ -30,6 +30,7 @@ __all__ = [
     "RuntimeConfig",
     "AdminConfig",
     "ExtProcConfig",
+    "HttpConfig",
     "DecisionsConfig",
     "KvEventsConfig",
     "load",
@@ -207,6 +208,19 @@ class ExtProcConfig(_Table):
                                  "must not be empty")
 
 
+class HttpConfig(_Table):
+    """The HTTP/JSON front end (docs/dataplanes.md): for data planes that cannot speak gRPC
+    (NGINX njs, HAProxy Lua, any HTTP client). ``/v1/route`` translates OpenAI requests
+    with the ``[ext_proc]`` settings (``base_model``, ``objectives``, ``model_rewrites``)."""
+
+    listen: OptionalAddress = ""
+    """Where ``/v1/pick``, ``/v1/completion``, ``/v1/route`` and ``/health`` are served;
+    empty = off."""
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=64 << 20)] = 8 << 20
+    """Largest request body read (a JSON ``PickRequest`` or an OpenAI body); beyond it 413.
+    The default leaves room for a 4 MiB prompt with JSON escapes."""
+
+
 class DecisionsConfig(_Table):
     """The decision log (policies/DECISIONS.md): every pick, for ``epick replay``."""
 
@@ -277,6 +291,7 @@ class Config(_Table):
     runtime: RuntimeConfig = RuntimeConfig()
     admin: AdminConfig = AdminConfig()
     ext_proc: ExtProcConfig = ExtProcConfig()
+    http: HttpConfig = HttpConfig()
     decisions: DecisionsConfig = DecisionsConfig()
     kv_events: KvEventsConfig = KvEventsConfig()
 
