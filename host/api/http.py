@@ -36,6 +36,7 @@ from google.protobuf import json_format
 
 from epick.api.ext_proc import DECISION_HEADER, DESTINATION_HEADER, DROPPED_REASON_HEADER
 from epick.api.gen.epick.v1 import picker_pb2
+from epick.api.http_json import parse
 from epick.api.openai_request import InvalidArgument, translate
 from epick.api.picker import PickerService
 
@@ -127,7 +128,7 @@ class HttpApi:
         if isinstance(body, web.Response):
             return body
         try:
-            json_format.Parse(body, msg)
+            parse(body, msg)
         except json_format.ParseError as exc:
             return _error(grpc.StatusCode.INVALID_ARGUMENT,
                           f"malformed {msg.DESCRIPTOR.name} JSON: {exc}")

