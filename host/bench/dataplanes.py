@@ -69,9 +69,11 @@ def _replace(text: str, old: str, new: str, *, count: int = 1) -> str:
 
 
 def render(kind: str, text: str, *, listen_port: int, epick_http_port: int,
-           replicas: list[str], fail_open: bool = False) -> str:
+           replicas: list[str], fail_open: bool = False, epick: bool = True) -> str:
     """The example config with its addresses replaced; ``replicas`` fill the fail-open
-    round-robin group; ``fail_open`` lets requests through when epick is unreachable."""
+    round-robin group; ``fail_open`` lets requests through when epick is unreachable;
+    ``epick=False`` sends every request round robin to ``replicas`` without asking epick
+    (the benchmark's baseline: the same proxy, no routing call)."""
     _folder, _name, listen = KINDS[kind]
     directive = "listen " if kind == "nginx" else "bind "
     text = _replace(text, directive + listen, f"{directive}127.0.0.1:{listen_port}")
@@ -93,6 +95,13 @@ def render(kind: str, text: str, *, listen_port: int, epick_http_port: int,
                             "setenv EPICK_FAILURE_MODE open")
     if n != 1:
         raise ProxyError(f"the {kind} example has no `replicas` group to fill")
+    if not epick:
+        if kind == "nginx":
+            text = _replace(text, "            js_content epick.route;\n",
+                            "            proxy_pass http://replicas;\n")
+        else:
+            text = _replace(text, "    http-request lua.epick_route\n", "")
+            text = _replace(text, "default_backend epick_endpoint", "default_backend replicas")
     return text
 
 
@@ -100,7 +109,7 @@ class Proxy:
     """One running proxy from its rendered example (in a temporary copy of its folder)."""
 
     def __init__(self, kind: str, *, epick_http_port: int, replicas: list[str],
-                 fail_open: bool = False, listen_port: int = 0) -> None:
+                 fail_open: bool = False, listen_port: int = 0, epick: bool = True) -> None:
         self.kind = kind
         self.port = listen_port or free_port()
         folder, name, _listen = KINDS[kind]
@@ -110,7 +119,7 @@ class Proxy:
         config = self.folder / name
         config.write_text(render(kind, (folder / name).read_text(), listen_port=self.port,
                                  epick_http_port=epick_http_port, replicas=replicas,
-                                 fail_open=fail_open))
+                                 fail_open=fail_open, epick=epick))
         binary = find(kind)
         self.argv = ([str(binary), "-p", str(self.folder), "-c", name] if kind == "nginx"
                      else [str(binary), "-f", name])
