@@ -185,3 +185,32 @@ def test_epick_stopped_gives_the_configured_behaviour(replicas, proxy, tmp_path,
         assert resp.headers["x-llm-d-request-dropped-reason"] == "rejected-internal"
         assert resp.json()["error"]["message"].startswith("epick unreachable")
         assert replica.requests == []
+
+
+def test_a_body_larger_than_the_proxy_takes_is_413_and_reaches_no_replica(
+        replicas, epick, proxy, proxy_kind):
+    (replica,) = replicas(1, IDLE)
+    p = proxy(epick([replica.address]), [replica.address])
+    # Over HAProxy's buffer (tune.bufsize 1 MiB) and NGINX's client_max_body_size (8 MiB).
+    size = (2 << 20) if proxy_kind == "haproxy" else (9 << 20)
+    with httpx.Client(base_url=p.url, timeout=30) as client:
+        resp = client.post("/v1/completions", json=completion(prompt="x" * size))
+    assert resp.status_code == 413
+    assert replica.requests == []
+
+
+def test_a_streamed_answer_is_reported_and_an_error_status_is_error(replicas, epick, proxy):
+    (replica,) = replicas(1, IDLE, chunks=3)
+    svc = epick([replica.address])
+    seen = spy_complete(svc)
+    p = proxy(svc, [replica.address])
+    with httpx.Client(base_url=p.url, timeout=10) as client:
+        streamed = client.post("/v1/completions", json=completion(stream=True))
+        # The replica answers 404 for an unknown path: the completion is an ERROR.
+        missing = client.post("/v2/nothing", json=completion())
+    assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+    assert missing.status_code == 404
+    assert wait_for(lambda: len(seen) == 2)
+    by_decision = {kw["decision_id"]: kw["status"] for kw in seen}
+    assert by_decision == {streamed.headers["x-epick-decision-id"]: 0,
+                           missing.headers["x-epick-decision-id"]: 1}
