@@ -112,6 +112,8 @@ class HttpApi:
         app.router.add_post("/v1/completion", self.completion)
         app.router.add_post("/v1/route", self.route)
         app.router.add_get("/health", self.health)
+        # Last: whatever matched nothing above gets a JSON error too.
+        app.router.add_route("*", "/{tail:.*}", _no_route)
         return app
 
     async def _body(self, request: web.Request) -> bytes | web.Response:
@@ -161,9 +163,8 @@ class HttpApi:
             return body
         settings = self.openai
         if not settings.base_model:
-            return _error(grpc.StatusCode.FAILED_PRECONDITION,
-                          "/v1/route needs the base model: set [ext_proc] base_model",
-                          status=404)
+            return _error(grpc.StatusCode.NOT_FOUND,
+                          "/v1/route is off: it needs the base model ([ext_proc] base_model)")
         headers = {k.lower(): v for k, v in request.headers.items()}
         path = headers.pop(PATH_HEADER, "") or _path_of(body)
         t0 = time.perf_counter()
@@ -190,6 +191,20 @@ class HttpApi:
         serving = self.healthy()
         return _json('{"status":"SERVING"}' if serving else '{"status":"NOT_SERVING"}',
                      status=200 if serving else 503)
+
+
+_ROUTES = {"/v1/pick": "POST", "/v1/completion": "POST", "/v1/route": "POST",
+           "/health": "GET"}
+
+
+async def _no_route(request: web.Request) -> web.Response:
+    allowed = _ROUTES.get(request.path)
+    if allowed is not None:
+        return _error(grpc.StatusCode.UNIMPLEMENTED,
+                      f"{request.method} {request.path}: use {allowed}", status=405)
+    return _error(grpc.StatusCode.NOT_FOUND,
+                  f"no route {request.method} {request.path}; epick serves "
+                  + ", ".join(f"{m} {p}" for p, m in _ROUTES.items()))
 
 
 def _path_of(body: bytes) -> str:

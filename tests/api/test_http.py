@@ -237,3 +237,26 @@ def test_the_http_section_is_off_by_default_and_validated():
         cfg.loads("version = 1\n[http]\nmax_body_bytes = 10\n")
     with pytest.raises(cfg.ConfigError, match=r"\$\.http\.listen"):
         cfg.loads('version = 1\n[http]\nlisten = "nowhere"\n')
+
+
+def test_an_unknown_route_or_method_is_a_json_error(fake_vllm, http):
+    (idle, _busy) = idle_and_busy(fake_vllm)
+    _svc, client = http([idle.address])
+    wrong_method = client.get("/v1/pick")
+    unknown = client.post("/v2/pick", json={})
+    assert (wrong_method.status_code, wrong_method.json()) == (
+        405, {"code": "UNIMPLEMENTED", "message": "GET /v1/pick: use POST"})
+    assert unknown.status_code == 404
+    assert unknown.json()["message"] == (
+        "no route POST /v2/pick; epick serves POST /v1/pick, POST /v1/completion, "
+        "POST /v1/route, GET /health")
+
+
+def test_v1_route_without_a_base_model_is_404_naming_the_key(fake_vllm, http):
+    (idle, _busy) = idle_and_busy(fake_vllm)
+    _svc, client = http([idle.address], ext_proc={"base_model": ""})
+    resp = client.post("/v1/route", json={"model": BASE})
+    assert (resp.status_code, resp.json()) == (404, {
+        "code": "NOT_FOUND",
+        "message": "/v1/route is off: it needs the base model ([ext_proc] base_model)"})
+    assert client.post("/v1/pick", json={"model": BASE}).status_code == 200
