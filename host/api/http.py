@@ -34,7 +34,6 @@ import grpc
 from aiohttp import web
 from google.protobuf import json_format
 
-from epick.api.ext_proc import DECISION_HEADER, DESTINATION_HEADER, DROPPED_REASON_HEADER
 from epick.api.gen.epick.v1 import picker_pb2
 from epick.api.http_json import parse
 from epick.api.openai_request import InvalidArgument, translate
@@ -43,6 +42,12 @@ from epick.api.picker import PickerService
 __all__ = ["HttpApi", "HttpServer", "OpenAISettings", "STATUS", "PATH_HEADER"]
 
 log = logging.getLogger("epick.http")
+
+# Upstream's names, as epick.api.ext_proc sends them (not imported from there: that module
+# loads Envoy's protos, which the HTTP front end does not need).
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+DECISION_HEADER = "x-epick-decision-id"
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
 
 #: gRPC code -> HTTP status (anything else is a 500).
 STATUS = {

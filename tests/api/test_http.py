@@ -260,3 +260,12 @@ def test_v1_route_without_a_base_model_is_404_naming_the_key(fake_vllm, http):
         "code": "NOT_FOUND",
         "message": "/v1/route is off: it needs the base model ([ext_proc] base_model)"})
     assert client.post("/v1/pick", json={"model": BASE}).status_code == 200
+
+
+def test_the_http_headers_are_ext_procs_names():
+    from epick.api import ext_proc
+    from epick.api import http as http_api
+    assert (http_api.DESTINATION_HEADER, http_api.DECISION_HEADER,
+            http_api.DROPPED_REASON_HEADER) == (ext_proc.DESTINATION_HEADER,
+                                                ext_proc.DECISION_HEADER,
+                                                ext_proc.DROPPED_REASON_HEADER)
