@@ -214,3 +214,22 @@ def test_a_streamed_answer_is_reported_and_an_error_status_is_error(replicas, ep
     by_decision = {kw["decision_id"]: kw["status"] for kw in seen}
     assert by_decision == {streamed.headers["x-epick-decision-id"]: 0,
                            missing.headers["x-epick-decision-id"]: 1}
+
+
+def test_the_committed_examples_are_valid_and_keep_their_addresses(proxy_kind):
+    import subprocess
+
+    from epick import config as cfg
+    from epick.bench.dataplanes import KINDS, find
+    folder, name, listen = KINDS[proxy_kind]
+    argv = ([str(find("nginx")), "-t", "-p", str(folder), "-c", name] if proxy_kind == "nginx"
+            else [str(find("haproxy")), "-c", "-f", name])
+    result = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = (folder / name).read_text()
+    assert listen in text and "http://127.0.0.1:9005/v1/route" in text
+    config = cfg.load(folder / "epick.toml")
+    envoy = cfg.load(folder.parent / "envoy" / "epick.toml")
+    assert config.http.listen == "127.0.0.1:9005"
+    assert config.ext_proc.base_model == envoy.ext_proc.base_model
+    assert [e.address for e in config.pool.endpoints] == ["127.0.0.1:8001", "127.0.0.1:8002"]
