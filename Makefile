@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # setuptools says "Editable installation." on every editable install: information only.
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: demo test test-perf dnsmasq lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real
+.PHONY: demo test test-perf dnsmasq lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real test-dataplanes
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +98,18 @@ vllm-fleet: $(STAMP)
 test-vllm: $(STAMP)
 	$(PY) -m epick.fleet install
 	EPICK_TEST_VLLM=1 $(PY) -m pytest -q tests/vllm
+
+## test-dataplanes: NGINX (njs) and HAProxy (Lua) routing through epick's HTTP API
+## (tests/dataplanes; not in make test). Installs Debian's nginx, libnginx-mod-http-js and
+## haproxy with apt-get when missing (needs root, as CI runs).
+DATAPLANE_FILES := /usr/sbin/nginx /usr/lib/nginx/modules/ngx_http_js_module.so /usr/sbin/haproxy
+test-dataplanes: $(STAMP)
+	@missing=0; for f in $(DATAPLANE_FILES); do [ -e $$f ] || missing=1; done; \
+	if [ $$missing = 1 ]; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			nginx libnginx-mod-http-js haproxy; \
+	fi
+	EPICK_TEST_DATAPLANES=1 $(PY) -m pytest -q tests/dataplanes
 
 ## bench-real: epick vs round-robin vs least-queue on real vLLM-CPU (results/real/)
 bench-real: $(STAMP)

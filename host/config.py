@@ -35,6 +35,7 @@ __all__ = [
     "AdminConfig",
     "ExtProcConfig",
     "OpenAIConfig",
+    "HttpConfig",
     "DecisionsConfig",
     "KvEventsConfig",
     "load",
@@ -261,6 +262,19 @@ def _merge_openai(openai: OpenAIConfig, ext_proc: ExtProcConfig) -> OpenAIConfig
     return OpenAIConfig(**merged)
 
 
+class HttpConfig(_Table):
+    """The HTTP/JSON front end (docs/dataplanes.md): for data planes that cannot speak gRPC
+    (NGINX njs, HAProxy Lua, any HTTP client). ``/v1/route`` translates OpenAI requests
+    with the ``[openai]`` settings (``base_model``, ``objectives``, ``model_rewrites``)."""
+
+    listen: OptionalAddress = ""
+    """Where ``/v1/pick``, ``/v1/completion``, ``/v1/route`` and ``/health`` are served;
+    empty = off."""
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=64 << 20)] = 8 << 20
+    """Largest request body read (a JSON ``PickRequest`` or an OpenAI body); beyond it 413.
+    The default leaves room for a 4 MiB prompt with JSON escapes."""
+
+
 class DecisionsConfig(_Table):
     """The decision log (policies/DECISIONS.md): every pick, for ``epick replay``."""
 
@@ -333,6 +347,7 @@ class Config(_Table):
     ext_proc: ExtProcConfig = ExtProcConfig()
     openai: OpenAIConfig = OpenAIConfig()
     """The effective OpenAI settings: ``[openai]`` merged with ``[ext_proc]``'s older keys."""
+    http: HttpConfig = HttpConfig()
     decisions: DecisionsConfig = DecisionsConfig()
     kv_events: KvEventsConfig = KvEventsConfig()
 

@@ -5,6 +5,7 @@
       ├─ Sources.run              [[pool.sources]] (DNS…) -> the pool's membership
       ├─ Pool.run                 scrape loops (started: after the first scrape round)
       ├─ grpc.aio servers         Pick API + health + reflection; Admin on its own port
+      ├─ aiohttp server           [http]: the HTTP/JSON front end (epick.api.http)
       ├─ _health_loop             SERVING once an endpoint is fresh and policies are loaded
       ├─ _checkpoint_loop         policies' last good state, once a second, between picks
       ├─ _watch_config            file changes and SIGHUP -> reload (a bad file is refused)
@@ -225,6 +226,7 @@ class Service:
         self.admin_port = 0
         self.metrics_port = 0
         self.ext_proc_port = 0
+        self.http_port = 0
         cache = Path(config.runtime.cache_dir).expanduser() if config.runtime.cache_dir else (
             Path.home() / ".cache" / "epick")
         self.runtime = Runtime(limits=_limits(config), cache_dir=cache)
@@ -442,6 +444,15 @@ class Service:
             self.ext_proc_port = _listen(bind_ext_proc, self.config.ext_proc.listen,
                                          "[ext_proc] listen")
 
+        http = None
+        if self.config.http.listen:
+            from epick.api.http import HttpApi, HttpServer
+
+            http = HttpServer(HttpApi(
+                picker, healthy=lambda: bool(self._serving), openai=self.config.openai,
+                max_body_bytes=self.config.http.max_body_bytes))
+            self.http_port = _listen(http.bind, self.config.http.listen, "[http] listen")
+
         metrics = None
         if self.config.server.metrics_listen:
             def bind_metrics(address: str) -> int:
@@ -469,6 +480,8 @@ class Service:
                     await admin.start()
                 if ext_proc is not None:
                     await ext_proc.start()
+                if http is not None:
+                    await http.start()
                 tg.start_soon(self._health_loop)
                 tg.start_soon(self._release_watchers_on_stop)
                 tg.start_soon(self._checkpoint_loop)
@@ -493,6 +506,8 @@ class Service:
                     await admin.stop(grace=0.5)
                 if ext_proc is not None:
                     await ext_proc.stop(grace=1.0)
+                if http is not None:
+                    await http.stop()
                 if metrics is not None:
                     metrics.close()
                 if self.decisions is not None:

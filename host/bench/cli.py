@@ -16,6 +16,7 @@
     envoy latency|load     what routing through epick adds inside a real Envoy
     regress --base REF     the pick path's cost, this working tree ÷ a git ref
     stages                 answer_pick's time per stage and per policy
+    http                   POST /v1/pick beside unary gRPC Pick (--servers, --proxies)
 
 Results go to results/ (each benchmark's --json and the README there say where). Those
 that read the checkout's tests/ or examples/ run from a git checkout (epick.bench.checkout).
@@ -45,6 +46,7 @@ BENCHMARKS = {
     "envoy": "envoy",
     "regress": "regress",
     "stages": "stages",
+    "http": "http",
 }
 
 

@@ -1,0 +1,240 @@
+"""The HTTP/JSON front end: Pick for data planes that cannot speak gRPC (docs/dataplanes.md).
+
+Routes (``[http] listen``)::
+
+    POST /v1/pick        PickRequest (protobuf's JSON mapping) -> PickResponse
+    POST /v1/completion  CompletionReport -> CompletionAck
+    POST /v1/route       an OpenAI body as the client sent it, its headers -> where it goes
+    GET  /health         200 while Pick is served (the gRPC health status), else 503
+
+This module only translates: a JSON body becomes the protobuf message the gRPC API gets,
+and the one answer path (:meth:`PickerService.answer_pick`, ``answer_completion``) decides,
+validates, records telemetry and logs, exactly as for gRPC. ``/v1/route`` runs the same
+OpenAI translation as ext_proc (:func:`epick.api.openai_request.translate`) first.
+
+Errors carry the HTTP status of the gRPC code and ``{"code": "<gRPC code name>",
+"message": "…"}``; 429 and 503 (and 500) carry ``x-llm-d-request-dropped-reason`` as
+ext_proc's do. A body over ``[http] max_body_bytes`` is a 413, malformed JSON a 400 that
+says what is wrong.
+
+The server is aiohttp on the service's event loop (chosen by measurement: docs/dataplanes.md),
+so a pick runs on the loop thread like every gRPC pick.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+import grpc
+from aiohttp import web
+from google.protobuf import json_format
+
+from epick.api.decide import REFUSALS
+from epick.api.gen.epick.v1 import picker_pb2
+from epick.api.http_json import parse
+from epick.api.openai_request import InvalidArgument, translate_with
+from epick.api.picker import PickerService
+from epick.config import OpenAIConfig
+
+__all__ = ["HttpApi", "HttpServer", "STATUS", "PATH_HEADER"]
+
+log = logging.getLogger("epick.http")
+
+# Upstream's names, as epick.api.ext_proc sends them (not imported from there: that module
+# loads Envoy's protos, which the HTTP front end does not need).
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+DECISION_HEADER = "x-epick-decision-id"
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
+
+#: gRPC code -> HTTP status: the refusals' own (the one table, ``decide.REFUSALS``) and
+#: gRPC's usual mapping for the codes a pick never refuses with; anything else is a 500.
+STATUS = {
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    **{r.grpc: r.http for r in REFUSALS.values()},
+}
+#: ext_proc's reasons for the same outcomes (upstream's header), from the same table.
+_REASONS = {r.grpc: r.reason for r in REFUSALS.values() if r.reason}
+#: Optional header on ``/v1/route``: the client's own path (``/v1/chat/completions``…).
+#: Without it a body with ``messages`` is a chat completion, any other a completion.
+PATH_HEADER = "x-epick-path"
+_JSON = "application/json"
+
+
+def _error(code: grpc.StatusCode, message: str, *, status: int | None = None) -> web.Response:
+    headers = {}
+    reason = _REASONS.get(code)
+    if reason is not None:
+        headers[DROPPED_REASON_HEADER] = reason
+    return _json(json.dumps({"code": code.name, "message": message}),
+                 status=status or STATUS.get(code, 500), headers=headers)
+
+
+def _json(text: str, *, status: int = 200, headers: dict[str, str] | None = None
+          ) -> web.Response:
+    # A bytes body: aiohttp adds no "; charset=utf-8" (JSON is UTF-8 by definition).
+    headers = {"Content-Type": _JSON} | (headers or {})
+    return web.Response(status=status, body=text.encode(), headers=headers)
+
+
+def _message_json(msg) -> str:
+    # grpcurl's output: lowerCamelCase, fields at their default left out.
+    return json_format.MessageToJson(msg, indent=None)
+
+
+class HttpApi:
+    """The handlers, over a :class:`PickerService` (the same one gRPC serves)."""
+
+    def __init__(self, picker: PickerService, *, healthy: Callable[[], bool],
+                 openai: OpenAIConfig, max_body_bytes: int) -> None:
+        self.picker = picker
+        self.healthy = healthy
+        self.openai = openai
+        self.max_body_bytes = max_body_bytes
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.router.add_post("/v1/pick", self.pick)
+        app.router.add_post("/v1/completion", self.completion)
+        app.router.add_post("/v1/route", self.route)
+        app.router.add_get("/health", self.health)
+        # Last: whatever matched nothing above gets a JSON error too.
+        app.router.add_route("*", "/{tail:.*}", _no_route)
+        return app
+
+    async def _body(self, request: web.Request) -> bytes | web.Response:
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"request body too large: over epick's limit of "
+                          f"{self.max_body_bytes} bytes ([http] max_body_bytes)", status=413)
+
+    async def _parse(self, request: web.Request, msg):
+        """``msg`` filled from the JSON body, or the error response to send."""
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            parse(body, msg)
+        except json_format.ParseError as exc:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"malformed {msg.DESCRIPTOR.name} JSON: {exc}")
+        except UnicodeDecodeError as exc:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"malformed {msg.DESCRIPTOR.name} JSON: the body is not UTF-8 ({exc})")
+        return msg
+
+    async def pick(self, request: web.Request) -> web.Response:
+        msg = await self._parse(request, picker_pb2.PickRequest())
+        if isinstance(msg, web.Response):
+            return msg
+        response, error = self.picker.answer_pick(msg)
+        if error is not None:
+            return _error(*error)
+        return _json(_message_json(response))
+
+    async def completion(self, request: web.Request) -> web.Response:
+        msg = await self._parse(request, picker_pb2.CompletionReport())
+        if isinstance(msg, web.Response):
+            return msg
+        response, error = self.picker.answer_completion(msg)
+        if error is not None:
+            return _error(*error)
+        return _json(_message_json(response))
+
+    async def route(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        settings = self.openai
+        if not settings.base_model:
+            return _error(grpc.StatusCode.NOT_FOUND,
+                          "/v1/route is off: it needs the base model ([openai] base_model)")
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        path = headers.pop(PATH_HEADER, "") or _path_of(body)
+        t0 = time.perf_counter()
+        try:
+            parsed = translate_with(settings, headers, path, body or None)
+        except InvalidArgument as exc:
+            # Counted like ext_proc's malformed requests: an invalid pick.
+            verdict = self.picker.decider.refuse(InvalidArgument(f"malformed request: {exc}"),
+                                                 started=t0)
+            return _error(REFUSALS[verdict.outcome].grpc, verdict.message)
+        response, error = self.picker.answer_pick(parsed.pick)
+        if error is not None:
+            return _error(*error)
+        fallbacks = list(response.fallbacks)
+        return _json(
+            json.dumps({"endpoint": response.endpoint, "fallbacks": fallbacks,
+                        "decisionId": response.decision_id,
+                        "model": parsed.pick.adapter or parsed.pick.model}),
+            headers={DESTINATION_HEADER: ",".join([response.endpoint, *fallbacks]),
+                     DECISION_HEADER: response.decision_id})
+
+    async def health(self, request: web.Request) -> web.Response:
+        serving = self.healthy()
+        return _json('{"status":"SERVING"}' if serving else '{"status":"NOT_SERVING"}',
+                     status=200 if serving else 503)
+
+
+_ROUTES = {"/v1/pick": "POST", "/v1/completion": "POST", "/v1/route": "POST",
+           "/health": "GET"}
+
+
+async def _no_route(request: web.Request) -> web.Response:
+    allowed = _ROUTES.get(request.path)
+    if allowed is not None:
+        return _error(grpc.StatusCode.UNIMPLEMENTED,
+                      f"{request.method} {request.path}: use {allowed}", status=405)
+    return _error(grpc.StatusCode.NOT_FOUND,
+                  f"no route {request.method} {request.path}; epick serves "
+                  + ", ".join(f"{m} {p}" for p, m in _ROUTES.items()))
+
+
+def _path_of(body: bytes) -> str:
+    # Only the key's presence matters; translate parses (and judges) the body itself.
+    return "/v1/chat/completions" if b'"messages"' in body else "/v1/completions"
+
+
+class HttpServer:
+    """The aiohttp server of one :class:`HttpApi`: ``bind`` (sync, so the service reports a
+    busy port like its gRPC ones), then ``await start()``; ``await stop()`` at shutdown."""
+
+    def __init__(self, api: HttpApi) -> None:
+        self.api = api
+        self._sock: socket.socket | None = None
+        self._runner: web.AppRunner | None = None
+
+    def bind(self, address: str) -> int:
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]") or "0.0.0.0"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, int(port)))
+            sock.listen(1024)
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        self._sock = sock
+        return sock.getsockname()[1]
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.api.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.SockSite(self._runner, self._sock).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        elif self._sock is not None:
+            self._sock.close()
