@@ -272,6 +272,20 @@ class KvEventsConfig(_Table):
                 "them and the same value here)")
 
 
+class WeightsConfig(_Table):
+    """The weights stream (``EndpointPicker/WatchWeights``, docs/weights.md)."""
+
+    threshold: Annotated[float, Meta(ge=0, le=1)] = 0.02
+    """A new table is sent when some share moved by more than this (or the eligible set
+    changed)."""
+    min_interval_ms: Annotated[float, Meta(ge=0)] = 100.0
+    """At most one table per (model, adapter, criticality) per this interval."""
+    rule: Literal["proportional", "softmax"] = "proportional"
+    """Totals -> shares: proportional to the weighted total, or softmax(total / temperature)."""
+    temperature: Annotated[float, Meta(gt=0)] = 0.1
+    """The softmax rule's temperature (lower: more to the best endpoint)."""
+
+
 class Config(_Table):
     version: int
     server: ServerConfig = ServerConfig()
@@ -283,6 +297,7 @@ class Config(_Table):
     ext_proc: ExtProcConfig = ExtProcConfig()
     decisions: DecisionsConfig = DecisionsConfig()
     kv_events: KvEventsConfig = KvEventsConfig()
+    weights: WeightsConfig = WeightsConfig()
 
     def __post_init__(self) -> None:
         kv = [e.address for e in self.pool.endpoints if e.kv_events]

@@ -37,6 +37,7 @@ from epick import telemetry
 from epick.api.admin import MAX_MODULE_BYTES, AdminService
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker_pb2_grpc
 from epick.api.picker import PickerService
+from epick.api.weights import WeightsHub
 from epick.config import Config, ConfigError, load, resolve_module
 from epick.interfaces import PluginError
 from epick.kv.service import KvEvents
@@ -217,6 +218,10 @@ class Service:
                          scrape_in=pc.scrape_in, worker_nice=pc.scrape_worker_nice,
                          worker_cpus=pc.scrape_worker_cpus)
         self.scheduler.pool_status = self.pool.status
+        wc = config.weights
+        self.weights = WeightsHub(self.scheduler, threshold=wc.threshold,
+                                  min_interval_ms=wc.min_interval_ms, rule=wc.rule,
+                                  temperature=wc.temperature)
         # KV-cache events (precise prefix routing): None unless an endpoint sets kv_events.
         self.kv = KvEvents.from_config(config, config_path)
         self.scheduler.kv = self.kv.routing if self.kv is not None else None
@@ -343,6 +348,7 @@ class Service:
                         self.config_path)
         self.scheduler.admission = AdmissionFilter(new.admission.queue_threshold,
                                                    new.admission.kv_threshold)
+        self.weights.configure(new.weights)
         self.config = new
         log.info("config reloaded from %s: %d endpoints, %d policies%s", self.config_path,
                  len(new.pool.endpoints), len(new.policies),
@@ -362,7 +368,8 @@ class Service:
         server = grpc.aio.server(options=options)
         picker_pb2_grpc.add_EndpointPickerServicer_to_server(
             PickerService(self.scheduler, self.recorder,
-                          allow_pinning=self.config.server.allow_pinning), server)
+                          allow_pinning=self.config.server.allow_pinning,
+                          weights=self.weights), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (PICKER_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -418,6 +425,7 @@ class Service:
                     await admin.start()
                 if ext_proc is not None:
                     await ext_proc.start()
+                await tg.start(self.weights.run)
                 tg.start_soon(self._health_loop)
                 tg.start_soon(self._release_watchers_on_stop)
                 tg.start_soon(self._checkpoint_loop)

@@ -209,8 +209,10 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
     """
 
     def __init__(self, scheduler: Scheduler, telemetry=None, *,
-                 allow_pinning: bool = False) -> None:
+                 allow_pinning: bool = False, weights=None) -> None:
         self.scheduler = scheduler
+        #: The :class:`epick.api.weights.WeightsHub` behind WatchWeights (None: off).
+        self.weights = weights
         self.telemetry = telemetry
         self.allow_pinning = allow_pinning
         # Bound once: the telemetry object does not change while serving.
@@ -287,6 +289,11 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
             async with receive:
                 async for response in receive:
                     await context.write(response)
+
+    async def WatchWeights(self, request, context) -> None:
+        from epick.api.weights import watch_weights  # the module imports this one
+
+        await watch_weights(self.weights, request, context)
 
     async def _answer_stream(self, request_iterator, send) -> None:
         async with send:
