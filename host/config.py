@@ -280,8 +280,11 @@ class WeightsConfig(_Table):
     changed)."""
     min_interval_ms: Annotated[float, Meta(ge=0)] = 100.0
     """At most one table per (model, adapter, criticality) per this interval."""
-    rule: Literal["proportional", "softmax"] = "proportional"
-    """Totals -> shares: proportional to the weighted total, or softmax(total / temperature)."""
+    rule: Literal["proportional", "softmax"] = "softmax"
+    """Totals -> shares: softmax(total / temperature), or proportional to the weighted
+    total. Softmax by default: on the simulated fleet (``epick bench weights --rules``)
+    proportional shares spread nearly evenly (totals differ little) and route like
+    round robin; softmax at 0.1 sends adapters where they are resident."""
     temperature: Annotated[float, Meta(gt=0)] = 0.1
     """The softmax rule's temperature (lower: more to the best endpoint)."""
 

@@ -76,7 +76,7 @@ class WeightsTable:
         return frozenset(e.endpoint for e in self.endpoints if e.weight > 0)
 
 
-def shares(totals: np.ndarray, rule: str = "proportional",
+def shares(totals: np.ndarray, rule: str = "softmax",
            temperature: float = 0.1) -> np.ndarray:
     """The share rule (docs/weights.md): totals -> shares summing to 1.
 
@@ -171,7 +171,7 @@ class WeightsHub:
     """
 
     def __init__(self, scheduler: Scheduler, *, threshold: float = 0.02,
-                 min_interval_ms: float = 100.0, rule: str = "proportional",
+                 min_interval_ms: float = 100.0, rule: str = "softmax",
                  temperature: float = 0.1,
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time) -> None:
@@ -187,7 +187,7 @@ class WeightsHub:
         self._clock = clock
         self._wall_clock = wall_clock
         self._feeds: dict[tuple[str, str, abi.Criticality], _Feed] = {}
-        self._has_feeds = anyio.Event()
+        self._has_feeds: anyio.Event | None = None  # made by run(): needs the loop
         self.computations = 0
         """Tables computed by the ticker (tests and the bench read it)."""
 
@@ -233,7 +233,8 @@ class WeightsHub:
         if feed is None:
             table = self._compute(key, first=True)
             feed = self._feeds[key] = _Feed(key, table, self._basis(), self._clock())
-            self._has_feeds.set()
+            if self._has_feeds is not None:
+                self._has_feeds.set()
         feed.readers += 1
         try:
             yield Subscription(feed)

@@ -14,6 +14,7 @@
     sandbox-overhead       what fuel and the epoch deadline cost, per policy
     sandbox-under-fire     Pick latency beside hostile modules, hot swaps under load
     envoy latency|load     what routing through epick adds inside a real Envoy
+    weights [--rules]      WatchWeights: Pick p50 with 0 vs 1,000 subscribers, change delay
 
 Results go to results/ (each benchmark's --json and the README there say where). Those
 that read the checkout's tests/ or examples/ run from a git checkout (epick.bench.checkout).
@@ -41,6 +42,7 @@ BENCHMARKS = {
     "sandbox-overhead": "sandbox_overhead",
     "sandbox-under-fire": "sandbox_under_fire",
     "envoy": "envoy",
+    "weights": "weights",
 }
 
 
