@@ -43,6 +43,8 @@ SATURATED = "saturated"
 #: How often the ticker looks at the pool's version (one attribute read per feed). The
 #: pool publishes a new view per metrics change but notifies no one: polling is cheap.
 POLL_S = 0.01
+#: Stream writes in flight at once, over all subscribers (the pick path goes first).
+WRITES_IN_FLIGHT = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,14 +141,23 @@ class Subscription:
     def latest(self) -> WeightsTable:
         return self._feed.latest
 
-    async def next(self) -> WeightsTable:
+    async def wait(self) -> None:
+        """Until there is a table this reader has not taken."""
         feed = self._feed
         while feed.seq == self._seen:
             await feed.wake.wait()
+
+    def take(self) -> WeightsTable:
+        """The latest table, now marked as seen."""
+        feed = self._feed
         if self._seen:
-            self.skipped += feed.seq - self._seen - 1
+            self.skipped += max(feed.seq - self._seen - 1, 0)
         self._seen = feed.seq
         return feed.latest
+
+    async def next(self) -> WeightsTable:
+        await self.wait()
+        return self.take()
 
     def __aiter__(self) -> AsyncIterator[WeightsTable]:
         return self
@@ -188,6 +199,7 @@ class WeightsHub:
         self._wall_clock = wall_clock
         self._feeds: dict[tuple[str, str, abi.Criticality], _Feed] = {}
         self._has_feeds: anyio.Event | None = None  # made by run(): needs the loop
+        self._write_slots: anyio.CapacityLimiter | None = None
         self.computations = 0
         """Tables computed by the ticker (tests and the bench read it)."""
 
@@ -197,6 +209,12 @@ class WeightsHub:
         self.min_interval_s = config.min_interval_ms / 1000
         self.rule = config.rule
         self.temperature = config.temperature
+
+    def write_slots(self) -> anyio.CapacityLimiter:
+        """The limiter every stream's write goes through (:data:`WRITES_IN_FLIGHT`)."""
+        if self._write_slots is None:  # made on the loop, on first use
+            self._write_slots = anyio.CapacityLimiter(WRITES_IN_FLIGHT)
+        return self._write_slots
 
     @property
     def subscribers(self) -> int:
@@ -373,7 +391,12 @@ async def watch_weights(hub: WeightsHub | None, msg: picker_pb2.WeightsRequest,
     try:
         model, adapter, criticality = _features(msg)
         async with hub.subscribe(model, adapter, criticality) as sub:
-            async for table in sub:
-                await context.write(to_proto(table))
+            while True:
+                await sub.wait()
+                # A few writes at a time: a publish to 1,000 streams must not put 1,000
+                # writes ahead of the picks on the loop. A reader waiting for a slot
+                # takes the table that is latest when it gets one.
+                async with hub.write_slots():
+                    await context.write(to_proto(sub.take()))
     except (InvalidArgument, SchedulingError) as exc:
         await context.abort(status_for(exc), str(exc))
