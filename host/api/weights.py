@@ -195,7 +195,7 @@ class WeightsHub:
     """
 
     def __init__(self, scheduler: Scheduler, *, threshold: float = 0.02,
-                 min_interval_ms: float = 100.0, rule: str = "softmax",
+                 min_interval_ms: float = 500.0, rule: str = "softmax",
                  temperature: float = 0.1,
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time) -> None:

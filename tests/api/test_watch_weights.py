@@ -251,3 +251,27 @@ def test_weighing_leaves_no_trace_on_the_pick_path(fake_vllm, serve_weights):
         for _ in range(20):
             svc.call(hub.table, "m", "sql-lora", crit)
     assert svc.call(state) == before
+
+
+def test_the_share_rules_sum_to_one_and_keep_the_order():
+    import numpy as np
+
+    from epick.api.weights import shares
+
+    totals = np.array([2.6, 1.9, 1.8])
+    for rule in ("softmax", "proportional"):
+        s = shares(totals, rule, 0.1)
+        assert s.sum() == pytest.approx(1.0) and s[0] > s[1] > s[2] > 0
+    assert shares(totals, "softmax", 0.1)[0] > shares(totals, "proportional")[0]
+    assert list(shares(np.zeros(4), "proportional")) == [0.25] * 4
+
+
+def test_weights_config_defaults_and_a_bad_rule_named():
+    from epick import config
+
+    c = config.loads("version = 1")
+    assert (c.weights.threshold, c.weights.min_interval_ms, c.weights.rule,
+            c.weights.temperature) == (0.02, 500.0, "softmax", 0.1)
+    with pytest.raises(config.ConfigError) as info:
+        config.loads("version = 1\n[weights]\nrule = 'fair'", source="epick.toml")
+    assert "$.weights.rule" in str(info.value)
