@@ -311,7 +311,11 @@ class WeightsHub:
 
     @staticmethod
     def _key(model: str, adapter: str, criticality) -> tuple[str, str, abi.Criticality]:
-        request = to_request(picker_pb2.PickRequest(model=model, adapter=adapter))
+        """Validated as Pick validates them, the error naming ``WeightsRequest``."""
+        try:
+            request = to_request(picker_pb2.PickRequest(model=model, adapter=adapter))
+        except InvalidArgument as exc:
+            raise InvalidArgument(str(exc).replace("PickRequest.", "WeightsRequest.")) from None
         return request.model, request.adapter, abi.Criticality(criticality)
 
     def _compute(self, key, *, first: bool) -> WeightsTable:
@@ -339,7 +343,7 @@ class WeightsHub:
                if eps[i].waiting <= adm.queue_threshold and eps[i].kv_usage <= adm.kv_threshold]
         saturated: set[int] = set()
         if fit and len(fit) < len(candidates):
-            saturated = {candidates[k] for k in range(len(candidates)) if k not in set(fit)}
+            saturated = set(candidates) - {candidates[k] for k in fit}
             kept = np.array(fit)
             part = shares(totals[kept], self.rule, self.temperature)
             share = np.zeros(len(candidates))
@@ -383,16 +387,13 @@ def to_proto(table: WeightsTable) -> picker_pb2.WeightsTable:
 
 
 def _features(msg: picker_pb2.WeightsRequest) -> tuple[str, str, abi.Criticality]:
+    """The request's fields (names are checked by :meth:`WeightsHub.subscribe`)."""
     criticality = _CRITICALITY.get(msg.criticality)
     if criticality is None:
         raise InvalidArgument(
             f"WeightsRequest.criticality {msg.criticality} is not one of CRITICAL (1), "
             "STANDARD (2), SHEDDABLE (3)")
-    try:
-        request = to_request(picker_pb2.PickRequest(model=msg.model, adapter=msg.adapter))
-    except InvalidArgument as exc:  # the same rules as Pick, named for this message
-        raise InvalidArgument(str(exc).replace("PickRequest.", "WeightsRequest.")) from None
-    return request.model, request.adapter, criticality
+    return msg.model, msg.adapter, criticality
 
 
 async def watch_weights(hub: WeightsHub | None, msg: picker_pb2.WeightsRequest,

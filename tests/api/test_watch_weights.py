@@ -275,3 +275,19 @@ def test_weights_config_defaults_and_a_bad_rule_named():
     with pytest.raises(config.ConfigError) as info:
         config.loads("version = 1\n[weights]\nrule = 'fair'", source="epick.toml")
     assert "$.weights.rule" in str(info.value)
+
+
+def test_the_hub_answers_one_table_for_other_front_ends(fake_vllm, serve_weights):
+    from epick.api.picker import InvalidArgument
+    from epick.scheduler.scheduler import Unavailable
+
+    a, b = fake_vllm(vllm_page(waiting=0)), fake_vllm(vllm_page(waiting=9))
+    svc = serve_weights([a.address, b.address])
+    hub = svc.service.weights
+    table = svc.call(hub.table, "m")
+    assert table.weights() == {a.address: pytest.approx(1.0), b.address: 0.0}
+    assert [e.filtered_by for e in table.endpoints] == ["", "saturated"]
+    with pytest.raises(InvalidArgument, match="WeightsRequest.model"):
+        svc.call(hub.table, "")
+    with pytest.raises(Unavailable):
+        svc.call(hub.table, "other-model")
