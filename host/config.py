@@ -336,6 +336,25 @@ class KvEventsConfig(_Table):
                 "them and the same value here)")
 
 
+class WeightsConfig(_Table):
+    """The weights stream (``EndpointPicker/WatchWeights``, docs/weights.md)."""
+
+    threshold: Annotated[float, Meta(ge=0, le=1)] = 0.02
+    """A new table is sent when some share moved by more than this (or the eligible set
+    changed)."""
+    min_interval_ms: Annotated[float, Meta(ge=0)] = 500.0
+    """At most one table per (model, adapter, criticality) per this interval. 500 ms:
+    with 1,000 subscribers and shares that move on every scrape, 100 ms costs the picks
+    ×2.4 in p50, 250 ms ×0.9-1.19, 500 ms ×1.004-1.007 (docs/weights.md)."""
+    rule: Literal["proportional", "softmax"] = "softmax"
+    """Totals -> shares: softmax(total / temperature), or proportional to the weighted
+    total. Softmax by default: on the simulated fleet (``epick bench weights --rules``)
+    proportional shares spread nearly evenly (totals differ little) and route like
+    round robin; softmax at 0.1 sends adapters where they are resident."""
+    temperature: Annotated[float, Meta(gt=0)] = 0.1
+    """The softmax rule's temperature (lower: more to the best endpoint)."""
+
+
 class Config(_Table):
     version: int
     server: ServerConfig = ServerConfig()
@@ -350,6 +369,7 @@ class Config(_Table):
     http: HttpConfig = HttpConfig()
     decisions: DecisionsConfig = DecisionsConfig()
     kv_events: KvEventsConfig = KvEventsConfig()
+    weights: WeightsConfig = WeightsConfig()
 
     def __post_init__(self) -> None:
         # One place for the OpenAI settings: what every front end reads is config.openai.

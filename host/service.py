@@ -46,6 +46,7 @@ from epick import telemetry
 from epick.api.admin import MAX_REQUEST_BYTES, AdminService
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker_pb2_grpc
 from epick.api.picker import PickerService
+from epick.api.weights import WeightsHub
 from epick.config import Config, ConfigError, load, resolve_module
 from epick.interfaces import PluginError
 from epick.kv.service import KvEvents
@@ -246,6 +247,10 @@ class Service:
                          scrape_in=pc.scrape_in, worker_nice=pc.scrape_worker_nice,
                          worker_cpus=pc.scrape_worker_cpus)
         self.scheduler.pool_status = self.pool.status
+        wc = config.weights
+        self.weights = WeightsHub(self.scheduler, threshold=wc.threshold,
+                                  min_interval_ms=wc.min_interval_ms, rule=wc.rule,
+                                  temperature=wc.temperature)
         # KV-cache events (precise prefix routing): None unless an endpoint sets kv_events.
         self.kv = KvEvents.from_config(_with_template_kv(config), config_path)
         if self.kv is not None:
@@ -377,6 +382,7 @@ class Service:
                         self.config_path)
         self.scheduler.admission = AdmissionFilter(new.admission.queue_threshold,
                                                    new.admission.kv_threshold)
+        self.weights.configure(new.weights)
         self.config = new
         log.info("config reloaded from %s: %d endpoints, %d policies%s", self.config_path,
                  len(new.pool.endpoints), len(new.policies),
@@ -406,7 +412,8 @@ class Service:
         ]
         server = grpc.aio.server(options=options)
         picker = PickerService(self.scheduler, self.recorder,
-                               allow_pinning=self.config.server.allow_pinning)
+                               allow_pinning=self.config.server.allow_pinning,
+                               weights=self.weights)
         picker_pb2_grpc.add_EndpointPickerServicer_to_server(picker, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
@@ -480,6 +487,7 @@ class Service:
                     await admin.start()
                 if ext_proc is not None:
                     await ext_proc.start()
+                await tg.start(self.weights.run)
                 if http is not None:
                     await http.start()
                 tg.start_soon(self._health_loop)

@@ -82,10 +82,12 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
     """
 
     def __init__(self, scheduler: Scheduler, telemetry=None, *,
-                 allow_pinning: bool = False) -> None:
+                 allow_pinning: bool = False, weights=None) -> None:
         self.decider = Decider(scheduler, telemetry, allow_pinning=allow_pinning)
         self.scheduler = scheduler  # for ReportCompletion
         self._decide = self.decider.decide
+        #: The :class:`epick.api.weights.WeightsHub` behind WatchWeights (None: off).
+        self.weights = weights
 
     @property
     def telemetry(self):
@@ -148,6 +150,11 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
             async with receive:
                 async for response in receive:
                     await context.write(response)
+
+    async def WatchWeights(self, request, context) -> None:
+        from epick.api.weights import watch_weights  # the module imports this one
+
+        await watch_weights(self.weights, request, context)
 
     async def _answer_stream(self, request_iterator, send) -> None:
         async with send:

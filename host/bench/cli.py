@@ -17,6 +17,7 @@
     regress --base REF     the pick path's cost, this working tree ÷ a git ref
     stages                 answer_pick's time per stage and per policy
     http                   POST /v1/pick beside unary gRPC Pick (--servers, --proxies)
+    weights [--rules]      WatchWeights: Pick p50 with 0 vs 1,000 subscribers, change delay
 
 Results go to results/ (each benchmark's --json and the README there say where). Those
 that read the checkout's tests/ or examples/ run from a git checkout (epick.bench.checkout).
@@ -47,6 +48,7 @@ BENCHMARKS = {
     "regress": "regress",
     "stages": "stages",
     "http": "http",
+    "weights": "weights",
 }
 
 

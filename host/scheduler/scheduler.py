@@ -257,6 +257,28 @@ class Scheduler:
             )
         return decision
 
+    def weigh(self, request: abi.Request) -> tuple[PoolSnapshot, tuple[int, ...], np.ndarray,
+                                                   dict[int, str]]:
+        """The filters and weighted scores :meth:`schedule` would compute for ``request``,
+        without picking: ``(pool, candidates, totals, why)`` (``why``: index -> the filter
+        that removed it). For the weights stream (``epick.api.weights``).
+
+        Side-effect free: no pick, no pre_request hooks or shadows, no decision
+        remembered or logged, no in-flight count, no stage or policy-latency telemetry
+        (a failing policy is still counted and skipped, as on a pick). Raises
+        :class:`Shed` / :class:`Unavailable` as :meth:`schedule` would.
+        """
+        pool = self._pool()
+        policies = self.policies
+        cycle = Cycle(pool=pool, request=request, assignments=self.assignments,
+                      now_ms=int(self._wall_clock() * 1000), kv=self.kv)
+        why: dict[int, str] = {}
+        skipped: list[str] = []
+        candidates = self._filter(cycle, policies, why, skipped, subset=None, pin="")
+        totals, _ = self._score(cycle, policies, candidates, skipped, keep=False,
+                                timed=False)
+        return pool, candidates, totals, why
+
     # -- the stages, in order ------------------------------------------------------------
 
     def _filter(self, cycle: Cycle, policies: PolicySet, why: dict[int, str] | None,
@@ -301,8 +323,10 @@ class Scheduler:
         return candidates
 
     def _score(self, cycle: Cycle, policies: PolicySet, candidates: tuple[int, ...],
-               skipped: list[str], *, keep: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """The weighted totals, and each scorer's scores when ``keep`` (explain, log)."""
+               skipped: list[str], *, keep: bool,
+               timed: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The weighted totals, and each scorer's scores when ``keep`` (explain, log);
+        ``timed``: record each scorer's latency (picks only, not :meth:`weigh`)."""
         totals = np.zeros(len(candidates))
         per_policy: dict[str, np.ndarray] = {}
         perf = time.perf_counter
@@ -312,7 +336,8 @@ class Scheduler:
                                    candidates)
             if scores is _FAILED:
                 continue
-            self.recorder.policy_latency(entry.name, perf() - t0)
+            if timed:
+                self.recorder.policy_latency(entry.name, perf() - t0)
             if Capabilities.SCORES_IN_RANGE not in entry.capabilities:
                 scores = np.clip(scores, 0.0, 1.0)
             totals += entry.weight * scores

@@ -173,3 +173,39 @@ class StreamError(_message.Message):
     code: int
     message: str
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class WeightsRequest(_message.Message):
+    __slots__ = ("model", "adapter", "criticality")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    CRITICALITY_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    adapter: str
+    criticality: Criticality
+    def __init__(self, model: _Optional[str] = ..., adapter: _Optional[str] = ..., criticality: _Optional[_Union[Criticality, str]] = ...) -> None: ...
+
+class EndpointWeight(_message.Message):
+    __slots__ = ("endpoint", "weight", "filtered_by", "total")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_BY_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    weight: float
+    filtered_by: str
+    total: float
+    def __init__(self, endpoint: _Optional[str] = ..., weight: _Optional[float] = ..., filtered_by: _Optional[str] = ..., total: _Optional[float] = ...) -> None: ...
+
+class WeightsTable(_message.Message):
+    __slots__ = ("endpoints", "snapshot_version", "timestamp_ms", "snapshot_timestamp_ms", "reason")
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    endpoints: _containers.RepeatedCompositeFieldContainer[EndpointWeight]
+    snapshot_version: int
+    timestamp_ms: int
+    snapshot_timestamp_ms: int
+    reason: str
+    def __init__(self, endpoints: _Optional[_Iterable[_Union[EndpointWeight, _Mapping]]] = ..., snapshot_version: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., snapshot_timestamp_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...

@@ -49,6 +49,11 @@ class EndpointPickerStub:
                 request_serializer=epick_dot_v1_dot_picker__pb2.PickStreamRequest.SerializeToString,
                 response_deserializer=epick_dot_v1_dot_picker__pb2.PickStreamResponse.FromString,
                 _registered_method=True)
+        self.WatchWeights = channel.unary_stream(
+                '/epick.v1.EndpointPicker/WatchWeights',
+                request_serializer=epick_dot_v1_dot_picker__pb2.WeightsRequest.SerializeToString,
+                response_deserializer=epick_dot_v1_dot_picker__pb2.WeightsTable.FromString,
+                _registered_method=True)
 
 
 class EndpointPickerServicer:
@@ -86,6 +91,22 @@ class EndpointPickerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchWeights(self, request, context):
+        """A weights table for data planes that cannot ask per request (L4 load balancers,
+        DNS/xDS-driven clients): every endpoint of the pool's view with its share of new
+        traffic for the named model / adapter / criticality — what a Pick with those
+        features and no prompt would see (the same filters and weighted scores), turned
+        into shares (docs/weights.md). The first message comes at once; then one per
+        change of the shares by more than [weights] threshold or of the eligible set, at
+        most every [weights] min_interval_ms. A slow reader gets the latest table, never
+        a backlog. Errors when the stream starts: INVALID_ARGUMENT (a malformed request),
+        UNAVAILABLE (no fresh endpoint serves the model/adapter; as Pick). Later, an
+        unservable moment is a table with no eligible endpoint and a reason.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EndpointPickerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -103,6 +124,11 @@ def add_EndpointPickerServicer_to_server(servicer, server):
                     servicer.PickStream,
                     request_deserializer=epick_dot_v1_dot_picker__pb2.PickStreamRequest.FromString,
                     response_serializer=epick_dot_v1_dot_picker__pb2.PickStreamResponse.SerializeToString,
+            ),
+            'WatchWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchWeights,
+                    request_deserializer=epick_dot_v1_dot_picker__pb2.WeightsRequest.FromString,
+                    response_serializer=epick_dot_v1_dot_picker__pb2.WeightsTable.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -186,6 +212,33 @@ class EndpointPicker:
             '/epick.v1.EndpointPicker/PickStream',
             epick_dot_v1_dot_picker__pb2.PickStreamRequest.SerializeToString,
             epick_dot_v1_dot_picker__pb2.PickStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/epick.v1.EndpointPicker/WatchWeights',
+            epick_dot_v1_dot_picker__pb2.WeightsRequest.SerializeToString,
+            epick_dot_v1_dot_picker__pb2.WeightsTable.FromString,
             options,
             channel_credentials,
             insecure,
