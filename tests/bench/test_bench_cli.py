@@ -25,7 +25,7 @@ def test_every_named_benchmark_is_a_module_of_epick_bench_with_main_argv(name):
 def test_every_benchmark_module_of_the_package_has_a_name():
     """A new benchmark file gets a sub-command (helpers are listed here as not runnable)."""
     helpers = {"__init__", "cli", "checkout", "timing", "pypolicies", "kvsim", "grpc",
-               "pages", "floor", "profile"}
+               "pages", "floor", "profile", "dataplanes"}
     files = {p.stem for p in (ROOT / "host" / "bench").glob("*.py")}
     assert sorted(files - helpers) == sorted(BENCHMARKS.values())
 
