@@ -203,7 +203,7 @@ class Service:
         self.runtime = Runtime(limits=_limits(config), cache_dir=cache)
         pc = config.pool
         self.scheduler = Scheduler(
-            lambda: self.pool.snapshot,
+            lambda: self.pool.view,
             fallbacks=config.server.fallbacks,
             admission=AdmissionFilter(config.admission.queue_threshold,
                                       config.admission.kv_threshold),

@@ -29,7 +29,7 @@ import numpy as np
 
 from epick import abi
 from epick.decisions import features, schema
-from epick.interfaces import Capabilities, EndpointInfo, PluginError, PoolSnapshot
+from epick.interfaces import Capabilities, EndpointInfo, PluginError, PoolView
 from epick.scheduler.filters import AdmissionFilter
 from epick.scheduler.pickers import make_picker
 from epick.scheduler.policyset import PolicyEntry, PolicySet
@@ -340,8 +340,8 @@ class Replayer:
         self._builtins = False
         self._header: schema.Header | None = None
         self._scheduler: Scheduler | None = None
-        self._pool: PoolSnapshot | None = None
-        self._snapshots: dict[int, tuple[PoolSnapshot, dict[str, tuple[str, ...]]]] = {}
+        self._view: PoolView | None = None
+        self._views: dict[int, tuple[PoolView, dict[str, tuple[str, ...]]]] = {}
         self._policy_sets: dict[int, tuple[schema.PolicyRef, ...]] = {}
         self._current_refs: tuple[schema.PolicyRef, ...] | None = None
         self._rec_weights: dict[str, float] = {}
@@ -395,7 +395,7 @@ class Replayer:
             self.r.restarts += 1
         self._close_policies()
         self._scheduler = Scheduler(
-            lambda: self._pool, PolicySet(), fallbacks=h.fallbacks,
+            lambda: self._view, PolicySet(), fallbacks=h.fallbacks,
             admission=AdmissionFilter(h.admission_queue, h.admission_kv),
             picker=make_picker(h.picker), recorder=self._errors,
             # Expire decisions on the recorded clock, with slack: a completion the live
@@ -405,7 +405,7 @@ class Replayer:
         self._current_refs = None
         self._applied = {}
         self._ids = {}
-        self._snapshots = {}
+        self._views = {}
 
     def _snapshot(self, rec: schema.SnapshotRec) -> None:
         snap = _snapshot_decoder.decode(rec.encoded)
@@ -414,15 +414,15 @@ class Replayer:
             models=frozenset(f.models) if f.models is not None else None,
             adapters=frozenset(f.adapters) if f.adapters is not None else None,
         ) for f in rec.facts)
-        pool = PoolSnapshot(
+        view = PoolView(
             snapshot=snap, encoded=rec.encoded, info=info,
             fresh=tuple(i for i, e in enumerate(info) if e.fresh),
             restricted=any(e.models is not None or e.adapters is not None for e in info),
             addresses=tuple(e.address for e in snap.endpoints))
         running = {e.address: e.running_adapters for e in snap.endpoints}
-        self._snapshots[rec.version] = (pool, running)
-        if len(self._snapshots) > 64:
-            self._snapshots.pop(next(iter(self._snapshots)))
+        self._views[rec.version] = (view, running)
+        if len(self._views) > 64:
+            self._views.pop(next(iter(self._views)))
 
     # -- policies ---------------------------------------------------------------------------
 
@@ -592,13 +592,13 @@ class Replayer:
         h = self._header
         if h is None or self._scheduler is None:
             raise ReplayError("a decision before the log's header")
-        got = self._snapshots.get(rec.snapshot)
+        got = self._views.get(rec.snapshot)
         if got is None:
             raise ReplayError(f"decision {rec.id} refers to snapshot {rec.snapshot}, which "
                               "the log lacks")
-        pool, running = got
+        view, running = got
         self._use_policies(rec.policies)
-        self._pool = pool
+        self._view = view
         self._now_s = (rec.t_ms + 0.5) / 1000.0
         f = rec.request
         hashes: tuple[int, ...] = ()
@@ -615,7 +615,7 @@ class Replayer:
             request_id=f.request_id, model=f.model, adapter=f.adapter, prompt=prompt,
             criticality=f.criticality, seed=f.seed, cache_salt=f.cache_salt,
             headers=dict(f.headers))
-        endpoints = pool.snapshot.endpoints
+        endpoints = view.snapshot.endpoints
         recorded = [endpoints[i].address for i in rec.picked]
         r = self.r
         r.decisions += 1

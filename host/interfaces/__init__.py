@@ -1,7 +1,7 @@
 """The extension points and the types they share: the leaf every layer builds on.
 
 ``epick.interfaces`` declares what a scheduling cycle is made of — the snapshot a pool
-publishes (:class:`PoolSnapshot`, :class:`EndpointInfo`), the per-request
+publishes (:class:`PoolView`, :class:`EndpointInfo`), the per-request
 :class:`Cycle`, the plugin protocols (filter, score, pre-request, post-response), the
 :class:`Picker`, the :class:`Capabilities` a plugin declares (checked once, at install,
 by :func:`check_plugin`) and the one error a plugin raises (:class:`PluginError`). The
@@ -12,7 +12,7 @@ Nothing here imports any of those: only :mod:`epick.abi` (the policy payloads). 
 rule, with the others, is written in docs/design.md ("Layers") and checked by
 tests/test_imports.py over the real import graph.
 
-Modules: ``snapshot`` (PoolSnapshot, EndpointInfo), ``cycle`` (Cycle, AssignmentView, KvCounts),
+Modules: ``snapshot`` (PoolView, EndpointInfo), ``cycle`` (Cycle, AssignmentView, KvCounts),
 ``plugins`` (the protocols, Capabilities, PluginError, Picker).
 """
 
@@ -30,10 +30,10 @@ from epick.interfaces.plugins import (
     ScorePlugin,
     check_plugin,
 )
-from epick.interfaces.snapshot import EndpointInfo, PoolSnapshot
+from epick.interfaces.view import EndpointInfo, PoolView
 
 __all__ = [
-    "PoolSnapshot",
+    "PoolView",
     "EndpointInfo",
     "Cycle",
     "AssignmentView",

@@ -1,14 +1,14 @@
-"""Endpoint discovery, metric scraping and pool snapshots.
+"""Endpoint discovery, metric scraping and the published pool view.
 
     from epick.pool import EndpointSpec, Pool
 
     pool = Pool([EndpointSpec(address="10.0.0.7:8000")])
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)      # returns after the first scrape round
-        pool.snapshot                 # epick.interfaces.PoolSnapshot
+        pool.view                     # epick.interfaces.PoolView
 
 Modules: ``spec`` (EndpointSpec), ``parse`` (a /metrics page -> EndpointMetrics),
-``pool`` (the scrape loops and the published snapshot), ``errors`` (ScrapeError).
+``pool`` (the scrape loops and the published view), ``errors`` (ScrapeError).
 """
 
 from epick.pool.errors import SCRAPE_ERROR_KINDS, ScrapeError

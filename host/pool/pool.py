@@ -1,11 +1,11 @@
-"""The pool: scrape every endpoint's metrics and publish one consistent snapshot.
+"""The pool: scrape every endpoint's metrics and publish one consistent view.
 
 Concurrency (structured; trio/anyio style): :meth:`Pool.run` owns one task group holding
 one scrape loop per endpoint and, in its own body, the *round ticker*. Every
 ``scrape_interval_ms`` the ticker wakes each endpoint that is neither mid-fetch nor
 backing off (spread over half the interval, a group at a time), waits until they have
 all answered (or the interval is over — a hung endpoint never holds up the others),
-then publishes: it rebuilds the snapshot once if
+then publishes: it rebuilds the view once if
 anything changed. So a rebuild is coalesced per round and never happens per request,
 and a staleness flip is noticed on the next tick even when no scrape succeeds.
 
@@ -30,7 +30,7 @@ from anyio.abc import TaskStatus
 from prometheus_client import Gauge
 
 from epick import abi, telemetry
-from epick.interfaces import EndpointInfo, PoolSnapshot
+from epick.interfaces import EndpointInfo, PoolView
 from epick.pool.errors import ScrapeError
 from epick.pool.fetch import Listing, LocalReader, new_session
 from epick.pool.parse import ScrapedPage
@@ -150,7 +150,7 @@ class _Endpoint:
 
 
 class Pool:
-    """Endpoint discovery, metric scraping and the published :class:`PoolSnapshot`.
+    """Endpoint discovery, metric scraping and the published :class:`PoolView`.
 
     Parameters
     ----------
@@ -177,7 +177,7 @@ class Pool:
     worker_cpus:
         The CPUs the worker may run on; empty: this process's own.
 
-    Threading: :attr:`snapshot` may be read from any thread (one attribute read of an
+    Threading: :attr:`view` may be read from any thread (one attribute read of an
     immutable object). Everything else must be called from the event loop thread that
     runs :meth:`run` (from other threads, go through ``anyio.from_thread.run_sync``).
     """
@@ -216,7 +216,7 @@ class Pool:
         """The child process that reads pages (``scrape_in="process"``), else ``None``."""
 
         self._endpoints: dict[str, _Endpoint] = {}
-        self._snapshot = PoolSnapshot.build(abi.Snapshot(version=0, timestamp_ms=0))
+        self._view = PoolView.build(abi.Snapshot(version=0, timestamp_ms=0))
         self._published: tuple[tuple[abi.EndpointMetrics, EndpointInfo], ...] = ()
         self._tg: anyio.abc.TaskGroup | None = None
         self._tls: ssl.SSLContext | None = None
@@ -227,21 +227,21 @@ class Pool:
     # --- the view -------------------------------------------------------------------
 
     @property
-    def snapshot(self) -> PoolSnapshot:
+    def view(self) -> PoolView:
         """The current view: one immutable object, replaced (never mutated) on change.
 
         Version 0 is the empty pool before any good scrape. Endpoints that never had a
         good scrape are absent; stale ones are present with ``fresh=False``.
         """
-        return self._snapshot
+        return self._view
 
     def ready(self) -> bool:
-        """At least one endpoint is fresh in the published snapshot.
+        """At least one endpoint is fresh in the published view.
 
-        Judged on the snapshot, not on the clock now, so health never disagrees with
-        what a pick sees (the snapshot lags the clock by at most one interval).
+        Judged on the view, not on the clock now, so health never disagrees with
+        what a pick sees (the view lags the clock by at most one interval).
         """
-        return any(info.fresh for info in self._snapshot.info)
+        return any(info.fresh for info in self._view.info)
 
     def status(self) -> list[EndpointStatus]:
         """Per endpoint, in spec order: freshness, last success age, last error, failures."""
@@ -269,7 +269,7 @@ class Pool:
         An endpoint whose spec is unchanged keeps all its state (metrics, ages, back-off).
         One whose ``models``/``adapters``/``labels`` changed keeps its metrics too; one
         whose metrics URL or engine changed starts over. Removed endpoints stop being
-        scraped at once, and the snapshot is republished right away, so a removed
+        scraped at once, and the view is republished right away, so a removed
         endpoint is never picked after this returns.
 
         Raises ``ValueError`` naming a duplicate address; the pool is then unchanged.
@@ -313,7 +313,7 @@ class Pool:
         """Scrape until cancelled; never returns otherwise.
 
         Calls ``task_status.started()`` once the first round has finished — every
-        endpoint answered, failed or timed out — and its snapshot is published; start it
+        endpoint answered, failed or timed out — and its view is published; start it
         with ``await tg.start(pool.run)`` to be ready only after that.
 
         Error handling: a failed scrape (:class:`ScrapeError`: network, timeout, HTTP
@@ -517,12 +517,12 @@ class Pool:
         return ep.last_success is not None and now - ep.last_success <= self._stale_after_s
 
     def _publish(self) -> bool:
-        """Rebuild the snapshot if metrics, freshness or the endpoint set changed.
+        """Rebuild the view if metrics, freshness or the endpoint set changed.
 
         Returns whether it rebuilt. Called once per round and after ``set_endpoints``.
         """
         now = self._clock()
-        view = []
+        rows = []
         for ep in self._endpoints.values():
             if ep.metrics is None or ep.last_success is None:
                 # Exported as not fresh, so an alert on fresh == 0 also sees endpoints
@@ -535,16 +535,16 @@ class Pool:
             if ep.age_gauge is None:  # only once there is an age: no made-up 0 before
                 ep.age_gauge = telemetry.ENDPOINT_SCRAPE_AGE.labels(ep.spec.address)
             ep.age_gauge.set(max(age, 0.0))
-            view.append((ep.metrics, ep.info_fresh if fresh else ep.info_stale))
-        published = tuple(view)
+            rows.append((ep.metrics, ep.info_fresh if fresh else ep.info_stale))
+        published = tuple(rows)
         if published == self._published:
             return False
         snapshot = abi.Snapshot(
-            version=self._snapshot.version + 1,
+            version=self._view.version + 1,
             timestamp_ms=int(self._wall_clock() * 1000),
             endpoints=tuple(metrics for metrics, _ in published),
         )
-        self._snapshot = PoolSnapshot.build(snapshot, [info for _, info in published])
+        self._view = PoolView.build(snapshot, [info for _, info in published])
         self._published = published
         telemetry.SNAPSHOT_REBUILDS.inc()
         telemetry.SNAPSHOT_ENDPOINTS.set(len(published))

@@ -3,8 +3,8 @@
 One WasmPolicy owns one :class:`PolicyInstance` and turns the framework's calls into ABI
 calls:
 
-- **Snapshot delivery.** If the module exports ``set_snapshot``, ``cycle.pool.encoded``
-  is delivered once per pool snapshot (a new :class:`PoolSnapshot` object) before the
+- **Snapshot delivery.** If the module exports ``set_snapshot``, ``cycle.view.encoded``
+  is delivered once per pool snapshot (a new :class:`PoolView` object) before the
   first score/filter on it, and ``ScoreInput.snapshot`` is nil; otherwise every call
   carries the snapshot inline (``cycle.score_input(..., inline_snapshot=True)``).
 - **Failures** become ``PluginError(plugin, stage, kind, reason)``, ``kind``
@@ -193,7 +193,7 @@ class WasmPolicy:
         self._last_checkpoint = float("-inf")
         self._dirty = False
         self._good_state: bytes | None = None
-        self._pool: object = None  # the PoolSnapshot the instance holds (resident mode)
+        self._view: object = None  # the PoolView the instance holds (resident mode)
         self._recovery_error = ""
         self._closed = False
         self.stats = PolicyStats(stats_window)
@@ -472,10 +472,10 @@ class WasmPolicy:
     def _score_input(self, inst: PolicyInstance, cycle: Cycle, candidates: tuple[int, ...]) -> bytes:
         if not self._resident:
             return cycle.score_input(candidates, inline_snapshot=True)
-        pool = cycle.pool
-        if pool is not self._pool:
-            inst.set_snapshot(pool.encoded)
-            self._pool = pool
+        view = cycle.view
+        if view is not self._view:
+            inst.set_snapshot(view.encoded)
+            self._view = view
         return cycle.score_input(candidates, inline_snapshot=False)
 
     def _score_once(self, cycle: Cycle, candidates: tuple[int, ...], n: int) -> tuple[np.ndarray, bool]:
@@ -569,7 +569,7 @@ class WasmPolicy:
     def _recover(self) -> None:
         """Replace the instance with a fresh one holding the last good state (at once,
         or on the rebuild thread with ``background_recovery``)."""
-        old, self._inst, self._pool = self._inst, None, None
+        old, self._inst, self._view = self._inst, None, None
         if old is not None:
             old.close()
         if self._closed:

@@ -30,7 +30,7 @@ import numpy as np
 
 from epick import abi
 from epick.abi import Criticality
-from epick.interfaces import Capabilities, Cycle, KvCounts, Picker, PluginError, PoolSnapshot
+from epick.interfaces import Capabilities, Cycle, KvCounts, Picker, PluginError, PoolView
 from epick.ratelog import RateLimitedLog
 from epick.scheduler import explain as explain_view
 from epick.scheduler.assignments import Assignments
@@ -128,8 +128,8 @@ class Scheduler:
 
     Parameters
     ----------
-    pool:
-        Returns the current :class:`PoolSnapshot` (an attribute read, not a rebuild).
+    view:
+        Returns the current :class:`PoolView` (an attribute read, not a rebuild).
     policies:
         The initial policy set; replace ``scheduler.policies`` to swap atomically.
     fallbacks:
@@ -138,7 +138,7 @@ class Scheduler:
 
     def __init__(
         self,
-        pool: Callable[[], PoolSnapshot],
+        view: Callable[[], PoolView],
         policies: PolicySet = PolicySet(),
         *,
         fallbacks: int = 2,
@@ -150,7 +150,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._pool = pool
+        self._view = view
         self.policies = policies
         self.fallbacks = fallbacks
         self.host_filters = (FreshFilter(), AwakeFilter(), ServesModelFilter())
@@ -171,7 +171,7 @@ class Scheduler:
         self._rlog = RateLimitedLog(log)
         #: Where decisions and completions are recorded (``epick.decisions.DecisionLog``);
         #: ``None`` = not recorded. Its methods only enqueue: they never block a pick.
-        self.decisions: DecisionSink | None = None
+        self.decision_log: DecisionSink | None = None
         # [picks scored, picks agreeing] per shadow plugin: a new plugin (a new load of
         # the policy) starts from zero, a dropped one is forgotten with it.
         self._shadow_tally: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -208,12 +208,12 @@ class Scheduler:
         """
         perf = time.perf_counter
         t_start = perf()
-        pool = self._pool()
+        view = self._view()
         policies = self.policies  # one read: a concurrent swap cannot split this pick
-        cycle = Cycle(pool=pool, request=request, assignments=self.assignments,
+        cycle = Cycle(view=view, request=request, assignments=self.assignments,
                       now_ms=int(self._wall_clock() * 1000), kv=self.kv)
-        sink = self.decisions
-        endpoints = pool.snapshot.endpoints
+        sink = self.decision_log
+        endpoints = view.snapshot.endpoints
         why: dict[int, str] | None = {} if explain else None
         skipped: list[str] = []
 
@@ -240,7 +240,7 @@ class Scheduler:
             decision_id=decision_id,
             endpoint=endpoint,
             fallbacks=[endpoints[i].address for i in picked[1:]],
-            snapshot_version=pool.version,
+            snapshot_version=view.version,
             skipped=skipped,
         )
         if sink is not None:
@@ -253,7 +253,7 @@ class Scheduler:
             log.debug(
                 "decision %s request=%s model=%s adapter=%s -> %s fallbacks=%s snapshot=%d",
                 decision.decision_id, request.request_id, request.model, request.adapter,
-                endpoint, decision.fallbacks, pool.version,
+                endpoint, decision.fallbacks, view.version,
             )
         return decision
 
@@ -268,17 +268,17 @@ class Scheduler:
         :class:`Shed` when admission or a policy leaves none for a request that may be
         shed. A pinned endpoint passes the host filters only.
         """
-        pool, request = cycle.pool, cycle.request
+        view, request = cycle.view, cycle.request
         if pin:
-            return self._pinned(pool, cycle, pin)
-        candidates = tuple(range(len(pool.snapshot.endpoints)))
+            return self._pinned(view, cycle, pin)
+        candidates = tuple(range(len(view.snapshot.endpoints)))
         for f in self.host_filters:
             candidates = _apply(f.name, f.filter(cycle, candidates), candidates, why)
         if subset is not None:
-            candidates = self._in_subset(pool, candidates, subset, request, why)
+            candidates = self._in_subset(view, candidates, subset, request, why)
         if not candidates:
             status = self.pool_status() if self.pool_status is not None else None
-            raise Unavailable(explain_view.unavailable_reason(pool, request)
+            raise Unavailable(explain_view.unavailable_reason(view, request)
                               + explain_view.scrape_errors(status))
         candidates = _apply(self.admission.name, self.admission.filter(cycle, candidates),
                             candidates, why)
@@ -367,13 +367,13 @@ class Scheduler:
 
     # -- helpers of the filter stage ----------------------------------------------------
 
-    def _pinned(self, pool: PoolSnapshot, cycle: Cycle, pin: str) -> tuple[int, ...]:
-        index = next((i for i, e in enumerate(pool.snapshot.endpoints) if e.address == pin),
+    def _pinned(self, view: PoolView, cycle: Cycle, pin: str) -> tuple[int, ...]:
+        index = next((i for i, e in enumerate(view.snapshot.endpoints) if e.address == pin),
                      None)
         if index is None:
             raise Unavailable(f"pinned endpoint {pin!r} is not in the pool (or has never "
                               "reported metrics)")
-        if not pool.info[index].fresh:
+        if not view.info[index].fresh:
             raise Unavailable(f"pinned endpoint {pin!r} is not fresh (its metrics are stale)")
         for f in self.host_filters:
             if not f.filter(cycle, (index,)):
@@ -382,9 +382,9 @@ class Scheduler:
         return (index,)
 
     @staticmethod
-    def _in_subset(pool, candidates, subset, request, why) -> tuple[int, ...]:
+    def _in_subset(view, candidates, subset, request, why) -> tuple[int, ...]:
         wanted = set(subset)
-        eps = pool.snapshot.endpoints
+        eps = view.snapshot.endpoints
         kept = tuple(i for i in candidates
                      if eps[i].address in wanted or eps[i].address.rpartition(":")[0] in wanted)
         if why is not None:
@@ -400,7 +400,7 @@ class Scheduler:
 
     def _explain(self, cycle, candidates, totals, per_policy, order, why,
                  shadow_scores) -> list[CandidateScore]:
-        endpoints = cycle.pool.snapshot.endpoints
+        endpoints = cycle.view.snapshot.endpoints
         rows = explain_view.explain(endpoints, candidates, totals, per_policy, order, why,
                                     shadow_scores)
         # as the policies saw them: before this pick was counted
@@ -458,8 +458,8 @@ class Scheduler:
         )
         self._post_response(self.policies, event)
         self.recorder.completion(int(status), prompt_tokens, completion_tokens, ttft_s)
-        if self.decisions is not None:
-            self.decisions.completion(decision_id, event, endpoint, prompt_tokens,
+        if self.decision_log is not None:
+            self.decision_log.completion(decision_id, event, endpoint, prompt_tokens,
                                       completion_tokens, ttft_s)
         return True
 

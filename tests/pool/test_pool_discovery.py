@@ -44,14 +44,14 @@ async def test_models_and_adapters_are_learned_from_the_page_and_v1_models(fake_
                 clock=FakeClock(), scrape_in=scrape_in)
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        await settle(pool, lambda: pool.snapshot.info and pool.snapshot.info[0].adapters)
-        info = pool.snapshot.info[0]
+        await settle(pool, lambda: pool.view.info and pool.view.info[0].adapters)
+        info = pool.view.info[0]
         tg.cancel_scope.cancel()
     assert info.models == frozenset({"tiny-llama"})
     assert {"sql-lora", "chat-lora", "code-lora"} <= info.adapters
-    snap = pool.snapshot
+    view = pool.view
     serves = ServesModelFilter()
-    pick = lambda **kw: serves.filter(Cycle(pool=snap, request=abi.Request(**kw)), (0,))  # noqa: E731
+    pick = lambda **kw: serves.filter(Cycle(view=view, request=abi.Request(**kw)), (0,))  # noqa: E731
     assert pick(model="tiny-llama", adapter="sql-lora") == (0,)
     assert pick(model="tiny-llama", adapter="nope") == ()
     assert pick(model="llama-70b") == ()
@@ -65,7 +65,7 @@ async def test_pinned_models_win_over_what_the_engine_reports(fake_vllm, scrape_
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
         await anyio.sleep(0.1)
-        info = pool.snapshot.info[0]
+        info = pool.view.info[0]
         tg.cancel_scope.cancel()
     assert (info.models, info.adapters) == (frozenset({"alias"}), frozenset({"only-this"}))
 
@@ -76,7 +76,7 @@ async def test_no_listing_means_the_page_labels_decide_the_model_and_any_adapter
                 clock=FakeClock(), scrape_in=scrape_in)
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        info = pool.snapshot.info[0]
+        info = pool.view.info[0]
         tg.cancel_scope.cancel()
     assert (info.models, info.adapters) == (frozenset({"tiny-llama"}), None)
 
@@ -87,13 +87,13 @@ async def test_a_sleeping_engine_is_published_asleep_and_filtered_out(fake_vllm,
                 scrape_interval_ms=20, clock=FakeClock(), scrape_in=scrape_in)
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        snap = pool.snapshot
-        assert [i.sleeping for i in snap.info] == [False, True]
-        kept = AwakeFilter().filter(Cycle(pool=snap, request=abi.Request(model="tiny-llama")),
+        view = pool.view
+        assert [i.sleeping for i in view.info] == [False, True]
+        kept = AwakeFilter().filter(Cycle(view=view, request=abi.Request(model="tiny-llama")),
                                     (0, 1))
         assert kept == (0,)
         asleep.page = page("vllm_idle.txt")  # it wakes up
-        await settle(pool, lambda: not pool.snapshot.any_sleeping)
+        await settle(pool, lambda: not pool.view.any_sleeping)
         tg.cancel_scope.cancel()
 
 

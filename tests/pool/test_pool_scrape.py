@@ -67,8 +67,8 @@ def status_of(pool: Pool, server: FakeVLLM):
 
 
 def metrics_of(pool: Pool, server: FakeVLLM):
-    snap = pool.snapshot
-    for metrics, info in zip(snap.snapshot.endpoints, snap.info):
+    view = pool.view
+    for metrics, info in zip(view.snapshot.endpoints, view.info):
         if metrics.address == server.address:
             return metrics, info
     return None
@@ -83,8 +83,8 @@ def sample(name: str, **labels: str) -> float:
 
 async def test_snapshot_is_empty_and_pool_not_ready_before_run(fake_vllm, fake_clock):
     pool = make_pool([fake_vllm()], fake_clock)
-    assert pool.snapshot.version == 0
-    assert pool.snapshot.snapshot.endpoints == ()
+    assert pool.view.version == 0
+    assert pool.view.snapshot.endpoints == ()
     assert not pool.ready()
 
 
@@ -95,12 +95,12 @@ async def test_started_comes_after_the_first_round_with_its_metrics_published(
     pool = make_pool([server], fake_clock)
     async with running(pool):
         assert server.hits >= 1
-        snap = pool.snapshot
-        assert snap.version == 1
-        assert [(m.address, m.waiting, m.running, m.kv_usage) for m in snap.snapshot.endpoints] == [
+        view = pool.view
+        assert view.version == 1
+        assert [(m.address, m.waiting, m.running, m.kv_usage) for m in view.snapshot.endpoints] == [
             (server.address, 3, 2, 0.5)
         ]
-        assert snap.info[0].fresh
+        assert view.info[0].fresh
         assert pool.ready()
 
 
@@ -118,7 +118,7 @@ async def test_first_round_waits_for_a_hung_endpoint_only_as_long_as_the_timeout
             assert hung_status.failures == 1
             assert hung_status.last_error == f"{hung.url}: no answer within 200 ms"
             assert hung_status.last_success_age_ms is None
-            assert [m.address for m in pool.snapshot.snapshot.endpoints] == [good.address]
+            assert [m.address for m in pool.view.snapshot.endpoints] == [good.address]
     after = sample("epick_scrape_errors_total", endpoint=hung.address, reason="timeout")
     assert after == before + 1
 
@@ -167,10 +167,10 @@ async def test_snapshot_is_not_rebuilt_while_nothing_changes(fake_vllm, fake_clo
     server = fake_vllm(vllm_page(waiting=3))
     pool = make_pool([server], fake_clock)
     async with running(pool):
-        first = pool.snapshot
+        first = pool.view
         rebuilds = sample("epick_snapshot_rebuilds_total")
         await hits_grow_by(server, 10)
-        assert pool.snapshot is first
+        assert pool.view is first
         assert sample("epick_snapshot_rebuilds_total") == rebuilds
 
 
@@ -178,21 +178,21 @@ async def test_a_changed_value_rebuilds_the_snapshot_once(fake_vllm, fake_clock)
     server = fake_vllm(vllm_page(waiting=3))
     pool = make_pool([server], fake_clock)
     async with running(pool):
-        version = pool.snapshot.version
+        version = pool.view.version
         server.page = vllm_page(waiting=9)
-        await eventually(lambda: pool.snapshot.snapshot.endpoints[0].waiting == 9)
+        await eventually(lambda: pool.view.snapshot.endpoints[0].waiting == 9)
         await hits_grow_by(server, 5)
-        assert pool.snapshot.version == version + 1
+        assert pool.view.version == version + 1
 
 
 async def test_snapshot_keeps_spec_order_and_stamps_wall_clock_ms(fake_vllm, fake_clock):
     servers = [fake_vllm(vllm_page(waiting=i)) for i in range(3)]
     pool = make_pool(servers, fake_clock, wall_clock=lambda: 1_700_000_000.1234)
     async with running(pool):
-        snap = pool.snapshot
-        assert [m.address for m in snap.snapshot.endpoints] == [s.address for s in servers]
-        assert [m.waiting for m in snap.snapshot.endpoints] == [0, 1, 2]
-        assert snap.snapshot.timestamp_ms == 1_700_000_000_123
+        view = pool.view
+        assert [m.address for m in view.snapshot.endpoints] == [s.address for s in servers]
+        assert [m.waiting for m in view.snapshot.endpoints] == [0, 1, 2]
+        assert view.snapshot.timestamp_ms == 1_700_000_000_123
         assert sample("epick_snapshot_endpoints") == 3
 
 
@@ -215,7 +215,7 @@ async def test_a_failing_endpoint_keeps_its_last_values_until_stale_after(
     errors = sample("epick_scrape_errors_total", endpoint=server.address, reason=reason)
     pool = make_pool([server], fake_clock, stale_after_ms=1000)
     async with running(pool):
-        good = pool.snapshot.snapshot.endpoints[0]
+        good = pool.view.snapshot.endpoints[0]
         if breakage == "garbage":
             server.page = "<html><body>oops</body></html>"
         else:
@@ -226,12 +226,12 @@ async def test_a_failing_endpoint_keeps_its_last_values_until_stale_after(
 
         fake_clock.advance(0.999)  # not yet older than stale_after
         await hits_grow_by(server, 1)
-        assert pool.snapshot.snapshot.endpoints == (good,)
-        assert pool.snapshot.info[0].fresh
+        assert pool.view.snapshot.endpoints == (good,)
+        assert pool.view.info[0].fresh
 
         fake_clock.advance(0.002)  # now it is: the next tick flips it, no scrape needed
-        await eventually(lambda: not pool.snapshot.info[0].fresh)
-        assert pool.snapshot.snapshot.endpoints == (good,)  # last good values kept
+        await eventually(lambda: not pool.view.info[0].fresh)
+        assert pool.view.snapshot.endpoints == (good,)  # last good values kept
         assert not pool.ready()
         assert sample("epick_endpoint_fresh", endpoint=server.address) == 0
 
@@ -243,10 +243,10 @@ async def test_recovery_after_stale_makes_the_endpoint_fresh_again(fake_vllm, fa
         server.status = 500
         await eventually(lambda: status_of(pool, server).failures >= 1)
         fake_clock.advance(2)
-        await eventually(lambda: not pool.snapshot.info[0].fresh)
+        await eventually(lambda: not pool.view.info[0].fresh)
         server.status, server.page = 200, vllm_page(waiting=5)
-        await eventually(lambda: pool.snapshot.info[0].fresh, timeout=5)  # within the back-off
-        assert pool.snapshot.snapshot.endpoints[0].waiting == 5
+        await eventually(lambda: pool.view.info[0].fresh, timeout=5)  # within the back-off
+        assert pool.view.snapshot.endpoints[0].waiting == 5
         assert status_of(pool, server).failures == 0
 
 
@@ -270,7 +270,7 @@ async def test_an_endpoint_that_never_answered_is_not_in_the_snapshot(fake_vllm,
     dead.stop()
     pool = make_pool([alive, dead], fake_clock)
     async with running(pool):
-        assert [m.address for m in pool.snapshot.snapshot.endpoints] == [alive.address]
+        assert [m.address for m in pool.view.snapshot.endpoints] == [alive.address]
         status = status_of(pool, dead)
         assert (status.fresh, status.last_success_age_ms, status.failures) == (False, None, 1)
 
@@ -308,10 +308,10 @@ async def test_set_endpoints_adds_without_disturbing_existing_ones(fake_vllm, fa
     a, b = fake_vllm(vllm_page(waiting=1)), fake_vllm(vllm_page(waiting=2))
     pool = make_pool([a], fake_clock)
     async with running(pool):
-        a_metrics = pool.snapshot.snapshot.endpoints[0]
+        a_metrics = pool.view.snapshot.endpoints[0]
         pool.set_endpoints([EndpointSpec(address=a.address), EndpointSpec(address=b.address)])
-        await eventually(lambda: len(pool.snapshot.snapshot.endpoints) == 2)
-        endpoints = pool.snapshot.snapshot.endpoints
+        await eventually(lambda: len(pool.view.snapshot.endpoints) == 2)
+        endpoints = pool.view.snapshot.endpoints
         assert endpoints[0] is a_metrics  # unchanged endpoint kept its state
         assert (endpoints[1].address, endpoints[1].waiting) == (b.address, 2)
 
@@ -320,11 +320,11 @@ async def test_set_endpoints_removes_at_once_and_stops_scraping(fake_vllm, fake_
     a, b = fake_vllm(), fake_vllm()
     pool = make_pool([a, b], fake_clock)
     async with running(pool):
-        version = pool.snapshot.version
+        version = pool.view.version
         pool.set_endpoints([EndpointSpec(address=b.address)])
         # Visible right away, not after the next round.
-        assert [m.address for m in pool.snapshot.snapshot.endpoints] == [b.address]
-        assert pool.snapshot.version == version + 1
+        assert [m.address for m in pool.view.snapshot.endpoints] == [b.address]
+        assert pool.view.version == version + 1
         assert [s.address for s in pool.status()] == [b.address]
         assert telemetry.REGISTRY.get_sample_value(
             "epick_endpoint_fresh", {"endpoint": a.address}
@@ -333,7 +333,7 @@ async def test_set_endpoints_removes_at_once_and_stops_scraping(fake_vllm, fake_
         hits = a.hits
         await hits_grow_by(b, 5)
         assert a.hits == hits
-        assert [m.address for m in pool.snapshot.snapshot.endpoints] == [b.address]
+        assert [m.address for m in pool.view.snapshot.endpoints] == [b.address]
 
 
 async def test_set_endpoints_with_new_labels_keeps_metrics_and_republishes(
@@ -342,11 +342,11 @@ async def test_set_endpoints_with_new_labels_keeps_metrics_and_republishes(
     server = fake_vllm(vllm_page(waiting=6))
     pool = make_pool([server], fake_clock)
     async with running(pool):
-        before = pool.snapshot
+        before = pool.view
         pool.set_endpoints(
             [EndpointSpec(address=server.address, labels={"zone": "b"}, models=["llama"])]
         )
-        after = pool.snapshot
+        after = pool.view
         assert after.version == before.version + 1
         assert after.snapshot.endpoints == before.snapshot.endpoints
         assert after.info[0].labels == (("zone", "b"),)
@@ -358,7 +358,7 @@ async def test_set_endpoints_before_run_is_used_by_run(fake_vllm, fake_clock):
     pool = make_pool([a], fake_clock)
     pool.set_endpoints([EndpointSpec(address=b.address)])
     async with running(pool):
-        assert [m.address for m in pool.snapshot.snapshot.endpoints] == [b.address]
+        assert [m.address for m in pool.view.snapshot.endpoints] == [b.address]
     assert a.hits == 0
 
 
@@ -398,7 +398,7 @@ async def test_the_spec_engine_and_metrics_url_are_used_and_the_address_is_the_i
     spec = EndpointSpec(address="pod-a:30000", metrics_url=sglang.url, engine="sglang")
     pool = Pool([spec], clock=fake_clock, scrape_interval_ms=INTERVAL_MS, **DEFAULTS)
     async with running(pool):
-        (metrics,) = pool.snapshot.snapshot.endpoints
+        (metrics,) = pool.view.snapshot.endpoints
         assert (metrics.address, metrics.waiting, metrics.running, metrics.kv_usage) == (
             "pod-a:30000", 4, 1, 0.5
         )
@@ -414,7 +414,7 @@ async def test_an_endpoint_hung_for_good_still_goes_stale_on_the_next_tick(
         server.hang = True
         await hits_grow_by(server, 1)  # no scrape will finish for 5 s
         fake_clock.advance(1.5)
-        await eventually(lambda: not pool.snapshot.info[0].fresh, timeout=1.0)
+        await eventually(lambda: not pool.view.info[0].fresh, timeout=1.0)
         assert status_of(pool, server).failures == 0  # nothing failed yet: it just hangs
 
 

@@ -64,7 +64,7 @@ async def test_a_killed_worker_is_replaced_and_the_endpoint_keeps_its_metrics(fa
     before = errors._value.get()
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        first = pool.snapshot.snapshot.endpoints
+        first = pool.view.snapshot.endpoints
         assert first and first[0].address == server.address
         pid = pool.worker.pid
         server.hang = True  # a scrape is in flight in the worker when it dies
@@ -74,8 +74,8 @@ async def test_a_killed_worker_is_replaced_and_the_endpoint_keeps_its_metrics(fa
         server.hang = False
         hits = server.hits
         await eventually(lambda: server.hits > hits + 3)
-        assert pool.snapshot.snapshot.endpoints[0] == first[0]  # kept, still fresh
-        assert pool.snapshot.info[0].fresh
+        assert pool.view.snapshot.endpoints[0] == first[0]  # kept, still fresh
+        assert pool.view.info[0].fresh
         assert pool.worker.pid != pid
         tg.cancel_scope.cancel()
     assert errors._value.get() >= before + 1  # the scrape it was doing failed as "worker"
@@ -99,8 +99,8 @@ async def test_the_worker_runs_at_the_niceness_it_was_given(fake_vllm):
                 scrape_in="process", worker_nice=10)
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        await eventually(lambda: pool.snapshot.snapshot.endpoints[0].running > 0
-                         if pool.snapshot.snapshot.endpoints else False)
+        await eventually(lambda: pool.view.snapshot.endpoints[0].running > 0
+                         if pool.view.snapshot.endpoints else False)
         ours = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, pool.worker.pid) == min(19, ours + 10)
         tg.cancel_scope.cancel()
@@ -116,7 +116,7 @@ async def test_the_worker_runs_on_the_cpus_it_was_given(fake_vllm):
                 scrape_in="process", worker_cpus=[one])
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        await eventually(lambda: bool(pool.snapshot.snapshot.endpoints))  # it scrapes
+        await eventually(lambda: bool(pool.view.snapshot.endpoints))  # it scrapes
         assert os.sched_getaffinity(pool.worker.pid) == {one}
         tg.cancel_scope.cancel()
 
@@ -132,7 +132,7 @@ async def test_a_service_pinned_to_one_cpu_can_pin_its_worker_to_another(fake_vl
                     scrape_in="process", worker_cpus=[scraping])
         async with anyio.create_task_group() as tg:
             await tg.start(pool.run)
-            await eventually(lambda: bool(pool.snapshot.snapshot.endpoints))
+            await eventually(lambda: bool(pool.view.snapshot.endpoints))
             assert os.sched_getaffinity(pool.worker.pid) == {scraping}
             tg.cancel_scope.cancel()
     finally:
@@ -145,7 +145,7 @@ async def test_cpus_the_kernel_refuses_leave_the_worker_unpinned_and_scraping(fa
                 scrape_in="process", worker_cpus=[4096])  # no such CPU
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        await eventually(lambda: bool(pool.snapshot.snapshot.endpoints))  # it still scrapes
+        await eventually(lambda: bool(pool.view.snapshot.endpoints))  # it still scrapes
         assert os.sched_getaffinity(pool.worker.pid) == os.sched_getaffinity(0)
         tg.cancel_scope.cancel()
 
