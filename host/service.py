@@ -42,7 +42,7 @@ from epick.interfaces import PluginError
 from epick.kv.service import KvEvents
 from epick.policy_manager import PolicyManager, PolicyRejected, PolicySpec, read_module
 from epick.policy_store import PolicyStore
-from epick.pool import Pool
+from epick.pool import Pool, reader_for
 from epick.runtime import Limits, Runtime
 from epick.scheduler.filters import AdmissionFilter
 from epick.scheduler.pickers import make_picker
@@ -214,8 +214,8 @@ class Service:
         self.pool = Pool(pc.endpoints, scrape_interval_ms=pc.scrape_interval_ms,
                          stale_after_ms=pc.stale_after_ms, timeout_ms=pc.timeout_ms,
                          on_scrape=self.scheduler.assignments.scraped,
-                         scrape_in=pc.scrape_in, worker_nice=pc.scrape_worker_nice,
-                         worker_cpus=pc.scrape_worker_cpus)
+                         reader=reader_for(pc.scrape_in, nice=pc.scrape_worker_nice,
+                                           cpus=pc.scrape_worker_cpus))
         self.scheduler.pool_status = self.pool.status
         # KV-cache events (precise prefix routing): None unless an endpoint sets kv_events.
         self.kv = KvEvents.from_config(config, config_path)

@@ -8,18 +8,25 @@
         pool.view                     # epick.interfaces.PoolView
 
 Modules: ``spec`` (EndpointSpec), ``parse`` (a /metrics page -> EndpointMetrics),
-``pool`` (the scrape loops and the published view), ``errors`` (ScrapeError).
+``pool`` (the scrape loops and the published view), ``reader`` (the seam a pool reads
+through, given to it: ``Reader``, ``reader_for``), ``fetch`` (``HttpReader``: aiohttp, the
+default), ``worker`` (``ScrapeWorker``: the same reads in a child process), ``errors``
+(ScrapeError).
 """
 
 from epick.pool.errors import SCRAPE_ERROR_KINDS, ScrapeError
 from epick.pool.parse import ENGINE_METRICS, parse_metrics
 from epick.pool.pool import MAX_BACKOFF_MS, EndpointStatus, Pool
+from epick.pool.reader import SCRAPE_IN, Reader, reader_for
 from epick.pool.spec import ENGINES, EndpointSpec
 
 __all__ = [
     "EndpointSpec",
     "ENGINES",
     "Pool",
+    "Reader",
+    "reader_for",
+    "SCRAPE_IN",
     "EndpointStatus",
     "MAX_BACKOFF_MS",
     "parse_metrics",

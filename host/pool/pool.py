@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import logging
 import math
-import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
 
 import anyio
 import msgspec
@@ -32,12 +30,11 @@ from prometheus_client import Gauge
 from epick import abi, telemetry
 from epick.interfaces import EndpointInfo, PoolView
 from epick.pool.errors import ScrapeError
-from epick.pool.fetch import Listing, LocalReader, new_session
-from epick.pool.parse import ScrapedPage
+from epick.pool.fetch import HttpReader, Listing
+from epick.pool.reader import Reader
 from epick.pool.spec import EndpointSpec
-from epick.pool.worker import ScrapeWorker
 
-__all__ = ["Pool", "EndpointStatus", "MAX_BACKOFF_MS", "SCRAPE_IN"]
+__all__ = ["Pool", "EndpointStatus", "MAX_BACKOFF_MS"]
 
 log = logging.getLogger("epick.pool")
 
@@ -55,21 +52,6 @@ MAX_BACKOFF_MS = 1000.0
 #: (Pool._round), so the answers reach the event loop a group at a time.
 SPREAD = 0.5
 SPREAD_SLOTS = 8
-
-#: Where pages are fetched and parsed: on the pool's event loop, or in a child process
-#: (:mod:`epick.pool.worker`) so that parsing never holds up a pick.
-SCRAPE_IN = ("loop", "process")
-
-
-class Reader(Protocol):
-    """What a scrape loop reads through: :class:`~epick.pool.fetch.LocalReader` (this
-    loop) or :class:`~epick.pool.worker.ScrapeWorker` (a child process)."""
-
-    async def read_page(self, *, url: str, engine: str, address: str,
-                        previous: abi.EndpointMetrics | None, timeout_s: float) -> ScrapedPage: ...
-
-    async def read_models(self, *, url: str, address: str, timeout_s: float) -> Listing: ...
-
 
 class EndpointStatus(msgspec.Struct, frozen=True, kw_only=True):
     """How scraping one endpoint goes (admin/debug view, not the hot path)."""
@@ -168,14 +150,12 @@ class Pool:
     on_scrape:
         Called with the address after every good scrape (the scheduler's
         :class:`~epick.scheduler.assignments.Assignments` resets "picks since scrape").
-    scrape_in:
-        ``"loop"``: fetch and parse on this event loop. ``"process"``: in a child process
-        that :meth:`run` owns (:mod:`epick.pool.worker`); the loop then spends a few µs
-        per scrape instead of the parse's few hundred.
-    worker_nice:
-        The worker's niceness (0-19), so that on a busy machine picks run first.
-    worker_cpus:
-        The CPUs the worker may run on; empty: this process's own.
+    reader:
+        What every endpoint is read through (:class:`~epick.pool.reader.Reader`);
+        :meth:`run` owns it. Default: :class:`~epick.pool.fetch.HttpReader`, fetch and
+        parse on this event loop. :func:`~epick.pool.reader.reader_for` builds the one
+        ``[pool] scrape_in`` names (``"process"``: a child process, so the loop spends a
+        few µs per scrape instead of the parse's few hundred).
 
     Threading: :attr:`view` may be read from any thread (one attribute read of an
     immutable object). Everything else must be called from the event loop thread that
@@ -192,12 +172,8 @@ class Pool:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         on_scrape: Callable[[str], None] | None = None,
-        scrape_in: Literal["loop", "process"] = "loop",
-        worker_nice: int = 0,
-        worker_cpus: Sequence[int] = (),
+        reader: Reader | None = None,
     ) -> None:
-        if scrape_in not in SCRAPE_IN:
-            raise ValueError(f"Pool scrape_in must be one of {SCRAPE_IN}, got {scrape_in!r}")
         for name, value in (
             ("scrape_interval_ms", scrape_interval_ms),
             ("stale_after_ms", stale_after_ms),
@@ -211,15 +187,13 @@ class Pool:
         self._clock = clock
         self._wall_clock = wall_clock
         self._on_scrape = on_scrape
-        self.worker = (ScrapeWorker(nice=worker_nice, cpus=worker_cpus)
-                       if scrape_in == "process" else None)
-        """The child process that reads pages (``scrape_in="process"``), else ``None``."""
+        self.reader: Reader = reader if reader is not None else HttpReader()
+        """What every endpoint is read through (given, never swapped)."""
 
         self._endpoints: dict[str, _Endpoint] = {}
         self._view = PoolView.build(abi.Snapshot(version=0, timestamp_ms=0))
         self._published: tuple[tuple[abi.EndpointMetrics, EndpointInfo], ...] = ()
         self._tg: anyio.abc.TaskGroup | None = None
-        self._tls: ssl.SSLContext | None = None
         self._pending: set[_Endpoint] = set()
         self._round_done: anyio.Event | None = None
         self.set_endpoints(specs)
@@ -302,8 +276,7 @@ class Pool:
             if address not in updated:
                 self._stop(old)
                 telemetry.forget_endpoint(address)
-                if self.worker is not None:
-                    self.worker.forget(address)
+                self.reader.forget(address)
         self._endpoints = updated
         self._publish()
 
@@ -322,24 +295,23 @@ class Pool:
         (doubling from the interval up to :data:`MAX_BACKOFF_MS`). Nothing a model
         server does ends ``run``.
 
-        Resources: each endpoint loop owns one ``aiohttp.ClientSession`` holding one
-        kept-alive connection (environment proxies ignored), closed when the loop ends;
-        the loops share one TLS context. With ``scrape_in="process"`` the sessions live
-        in the worker process instead, which this task group owns and stops.
+        Resources: this task group owns the reader (its ``run``). The default
+        :class:`~epick.pool.fetch.HttpReader` keeps one ``aiohttp.ClientSession`` per
+        endpoint holding one kept-alive connection (environment proxies ignored), closed
+        when the endpoint leaves or the run ends; the sessions share one TLS context. A
+        :class:`~epick.pool.worker.ScrapeWorker` keeps them in its child process, which
+        it starts and stops.
         aiohttp, not httpx: scraping is the service's biggest background cost (64
         endpoints × 20/s), and an aiohttp GET costs ~5× less CPU than an httpx one here (~60–120 µs vs ~600 µs, C-accelerated parser). The
         service runs on asyncio anyway (grpc.aio needs it).
         """
         if self._tg is not None:
             raise RuntimeError("Pool.run is already running")
-        # Loading the CA bundle costs ~16 ms: once per run, not once per endpoint.
-        self._tls = ssl.create_default_context()
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 try:
-                    if self.worker is not None:
-                        await tg.start(self.worker.run)
+                    await tg.start(self.reader.run)
                     for ep in self._endpoints.values():
                         self._start(ep)
                     await self._round(deadline=None)
@@ -421,11 +393,7 @@ class Pool:
     async def _loop(self, ep: _Endpoint) -> None:
         assert ep.scope is not None
         with ep.scope:
-            if self.worker is not None:
-                await self._serve(ep, self.worker)
-            else:
-                async with new_session(self._timeout_s, self._tls) as client:
-                    await self._serve(ep, LocalReader(client))
+            await self._serve(ep, self.reader)
 
     async def _serve(self, ep: _Endpoint, reader: Reader) -> None:
         while True:
