@@ -44,6 +44,7 @@ from epick.policy_manager import PolicyManager, PolicyRejected, PolicySpec, read
 from epick.policy_store import PolicyStore
 from epick.pool import Pool, reader_for
 from epick.runtime import Limits, Runtime
+from epick.scheduler.assignments import Assignments
 from epick.scheduler.filters import AdmissionFilter
 from epick.scheduler.pickers import make_picker
 from epick.scheduler.scheduler import Scheduler
@@ -202,8 +203,20 @@ class Service:
             Path.home() / ".cache" / "epick")
         self.runtime = Runtime(limits=_limits(config), cache_dir=cache)
         pc = config.pool
+        # What the host sent where: raised by picks, reset by the pool's good scrapes.
+        assignments = Assignments()
+        self.pool = Pool(pc.endpoints, scrape_interval_ms=pc.scrape_interval_ms,
+                         stale_after_ms=pc.stale_after_ms, timeout_ms=pc.timeout_ms,
+                         on_scrape=assignments.scraped,
+                         reader=reader_for(pc.scrape_in, nice=pc.scrape_worker_nice,
+                                           cpus=pc.scrape_worker_cpus))
+        # KV-cache events (precise prefix routing): None unless an endpoint sets kv_events.
+        self.kv = KvEvents.from_config(config, config_path)
         self.scheduler = Scheduler(
             lambda: self.pool.view,
+            assignments=assignments,
+            kv=self.kv.routing if self.kv is not None else None,
+            pool_status=self.pool.status,
             fallbacks=config.server.fallbacks,
             admission=AdmissionFilter(config.admission.queue_threshold,
                                       config.admission.kv_threshold),
@@ -211,15 +224,6 @@ class Service:
             decision_ttl_s=config.server.decision_ttl_s,
             max_decisions=config.server.max_decisions,
         )
-        self.pool = Pool(pc.endpoints, scrape_interval_ms=pc.scrape_interval_ms,
-                         stale_after_ms=pc.stale_after_ms, timeout_ms=pc.timeout_ms,
-                         on_scrape=self.scheduler.assignments.scraped,
-                         reader=reader_for(pc.scrape_in, nice=pc.scrape_worker_nice,
-                                           cpus=pc.scrape_worker_cpus))
-        self.scheduler.pool_status = self.pool.status
-        # KV-cache events (precise prefix routing): None unless an endpoint sets kv_events.
-        self.kv = KvEvents.from_config(config, config_path)
-        self.scheduler.kv = self.kv.routing if self.kv is not None else None
         self.manager = PolicyManager(
             self.runtime, self.scheduler,
             require_conformance=config.admin.require_conformance,

@@ -76,7 +76,7 @@ class EpickRouter:
         # The fleet's virtual clock stamps hooks too, as it stamps snapshots: a policy
         # compares the two (LoRA reconcile, request TTL).
         self._view = None
-        self.scheduler = Scheduler(lambda: self._pool_view, policies, fallbacks=0,
+        self.scheduler = Scheduler(lambda: self._pool_view, policies, fallbacks=0, kv=kv,
                                    picker=make_picker(picker), decision_ttl_s=1e9,
                                    max_decisions=10**7,
                                    wall_clock=lambda: self._view.now if self._view else 0.0)
@@ -93,7 +93,6 @@ class EpickRouter:
         self.fleet_options: dict = {}
         """Extra ``Fleet.run`` arguments this router needs (its KV-event listener)."""
         if kv is not None:
-            self.scheduler.kv = kv
             self.fleet_options = {"kv_events": kv.on_batch, "kv_event_delay_s": kv_delay_s}
 
     def route(self, req, view) -> int:

@@ -249,8 +249,8 @@ class _Recovering:
 
 
 class _Recorded:
-    """Stands in for the scheduler's Assignments during one replayed decision: the
-    recorded per-candidate counts; the pick it makes changes nothing."""
+    """The assignment counts of one replayed decision (given to that ``schedule``
+    call): the recorded per-candidate counts; the pick it makes changes nothing."""
 
     def __init__(self, counts: dict[str, tuple[int, int]], given: bool) -> None:
         self._counts, self._given = counts, given
@@ -281,8 +281,8 @@ class _Recorded:
 
 
 class _RecordedKv:
-    """Stands in for the KV-events seam during one replayed decision: the recorded
-    per-candidate prefix counts (the engines' events are not in the log)."""
+    """The KV counts of one replayed decision (given to that ``schedule`` call): the
+    recorded per-candidate prefix counts (the engines' events are not in the log)."""
 
     def __init__(self, counts: dict[str, tuple[int, int]],
                  cleared: dict[str, int] | None = None) -> None:
@@ -396,6 +396,8 @@ class Replayer:
         self._close_policies()
         self._scheduler = Scheduler(
             lambda: self._view, PolicySet(), fallbacks=h.fallbacks,
+            # Counts come from the log, one decision at a time (given to each schedule).
+            assignments=_Recorded({}, False), kv=None,
             admission=AdmissionFilter(h.admission_queue, h.admission_kv),
             picker=make_picker(h.picker), recorder=self._errors,
             # Expire decisions on the recorded clock, with slack: a completion the live
@@ -624,36 +626,31 @@ class Replayer:
         self._spread[recorded[0]][0] += 1
         self._rec_loc.see(recorded[0], hashes, f.adapter, running.get(recorded[0]))
         sched = self._scheduler
-        live_set = sched.policies
-        recovering = []
+        policies, recovering = sched.policies, []
         if rec.skipped or self._pending_recovery:
-            sched.policies, recovering = self._accidents(live_set, rec)
+            policies, recovering = self._accidents(policies, rec)
         # The host's own assignment counts depend on scrapes the log does not hold: the
-        # policies get exactly what they saw live.
-        live_assignments = sched.assignments
-        sched.assignments = _Recorded(
+        # policies get exactly what they saw live (and this pick changes nothing).
+        assignments = _Recorded(
             {endpoints[c].address: (
                 rec.in_flight[k] if rec.in_flight else 0,
                 rec.picked_since_scrape[k] if rec.picked_since_scrape else 0)
              for k, c in enumerate(rec.candidates)},
             bool(rec.in_flight or rec.picked_since_scrape))
-        live_kv = sched.kv
-        sched.kv = _RecordedKv(
+        kv = _RecordedKv(
             {endpoints[c].address: (rec.prefix_blocks[k], rec.prefix_matched[k])
              for k, c in enumerate(rec.candidates)},
             {endpoints[c].address: rec.prefix_cleared_ms[k]
              for k, c in enumerate(rec.candidates)} if rec.prefix_cleared_ms else None,
-        ) if rec.prefix_blocks else None
+        ) if rec.prefix_blocks else None  # the replay scheduler's own kv is None: off
         try:
-            d = sched.schedule(request, explain=True)
+            d = sched.schedule(request, explain=True, policies=policies,
+                               assignments=assignments, kv=kv)
         except SchedulingError as exc:
             r.replay_failed[exc.outcome] = r.replay_failed.get(exc.outcome, 0) + 1
             self._note_changed(rec, recorded[0], f"({exc.outcome})", float("inf"), {})
             return
         finally:
-            sched.assignments = live_assignments
-            sched.kv = live_kv
-            sched.policies = live_set
             for w in recovering:  # a recovery in a hook the policy does not have
                 w.recover()
         self._ids[rec.id] = d.decision_id

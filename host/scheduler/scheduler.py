@@ -15,6 +15,11 @@ successful pick is timed into ``Recorder.stages``. Decisions wait for their comp
 report in a :class:`~epick.scheduler.memory.DecisionMemory`. Everything here runs on the thread
 that owns the scheduler (the service's event-loop thread): no locks, and a policy set
 swap is one attribute assignment.
+
+Collaborators are given, never swapped: the view source, the assignment counts, the KV
+counts and the pool's scrape status to the constructor; a caller with its own (a replay
+of the decision log) gives ``policies``, ``assignments`` and ``kv`` to one
+:meth:`Scheduler.schedule` call.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from epick.abi import Criticality
 from epick.interfaces import Capabilities, Cycle, KvCounts, Picker, PluginError, PoolView
 from epick.ratelog import RateLimitedLog
 from epick.scheduler import explain as explain_view
-from epick.scheduler.assignments import Assignments
+from epick.scheduler.assignments import Assignments, Ledger
 from epick.scheduler.explain import CandidateScore
 from epick.scheduler.filters import AdmissionFilter, AwakeFilter, FreshFilter, ServesModelFilter
 from epick.scheduler.memory import DecisionMemory
@@ -132,6 +137,15 @@ class Scheduler:
         Returns the current :class:`PoolView` (an attribute read, not a rebuild).
     policies:
         The initial policy set; replace ``scheduler.policies`` to swap atomically.
+    assignments:
+        What the host has sent where (:class:`Assignments`, the default: a new one); the
+        pool's good scrapes reset it, so the service builds it and gives it to both.
+    kv:
+        Per-candidate KV block counts from the engines' events (``epick.kv.KvRouting``);
+        ``None`` = KV events off.
+    pool_status:
+        The pool's per-endpoint scrape status (``Pool.status``): lets an explanation
+        show endpoints that are not in the view, and why (only ``explain`` reads it).
     fallbacks:
         How many endpoints to return after the primary.
     """
@@ -141,6 +155,9 @@ class Scheduler:
         view: Callable[[], PoolView],
         policies: PolicySet = PolicySet(),
         *,
+        assignments: Ledger | None = None,
+        kv: KvCounts | None = None,
+        pool_status: Callable[[], Sequence] | None = None,
         fallbacks: int = 2,
         admission: AdmissionFilter = AdmissionFilter(),
         picker: Picker | None = None,
@@ -158,15 +175,11 @@ class Scheduler:
         self.picker = picker or MaxScorePicker()
         self.recorder = recorder or _NullRecorder()
         self._wall_clock = wall_clock
-        self.assignments = Assignments()
+        self.assignments: Ledger = assignments if assignments is not None else Assignments()
         self.memory = DecisionMemory(ttl_s=decision_ttl_s, max_decisions=max_decisions,
                                      clock=clock, on_expire=self.assignments.completed)
-        self.pool_status: Callable[[], Sequence] | None = None
-        """The pool's per-endpoint scrape status (``Pool.status``): lets an explanation
-        show endpoints that are not in the snapshot, and why (only ``explain`` reads it)."""
-        self.kv: KvCounts | None = None
-        """Per-candidate KV block counts from the engines' events (``epick.kv.KvRouting``);
-        ``None`` = KV events off."""
+        self.pool_status = pool_status
+        self.kv = kv
         # A failing policy fails on every pick: one line per (policy, stage, kind) per 10 s.
         self._rlog = RateLimitedLog(log)
         #: Where decisions and completions are recorded (``epick.decisions.DecisionLog``);
@@ -193,7 +206,9 @@ class Scheduler:
     # -- the cycle -----------------------------------------------------------------
 
     def schedule(self, request: abi.Request, *, explain: bool = False,
-                 subset: Collection[str] | None = None, pin: str = "") -> Decision:
+                 subset: Collection[str] | None = None, pin: str = "",
+                 policies: PolicySet | None = None, assignments: Ledger | None = None,
+                 kv: KvCounts | None = None) -> Decision:
         """Pick an endpoint for ``request``; raise :class:`Shed` or :class:`Unavailable`.
 
         ``request.seed`` drives every random choice (the API layer fills a random one
@@ -205,13 +220,20 @@ class Scheduler:
         forces one endpoint (``host:port``): it must be fresh and serve the model, or the
         pick is :class:`Unavailable` — never silently replaced; admission and policy
         filters do not apply to it, and it has no fallbacks.
+
+        ``policies``, ``assignments`` and ``kv`` replace the scheduler's own for this pick
+        only (``None``: its own); a replay gives what the log recorded.
         """
         perf = time.perf_counter
         t_start = perf()
         view = self._view()
-        policies = self.policies  # one read: a concurrent swap cannot split this pick
-        cycle = Cycle(view=view, request=request, assignments=self.assignments,
-                      now_ms=int(self._wall_clock() * 1000), kv=self.kv)
+        if policies is None:
+            policies = self.policies  # one read: a concurrent swap cannot split this pick
+        if assignments is None:
+            assignments = self.assignments
+        cycle = Cycle(view=view, request=request, assignments=assignments,
+                      now_ms=int(self._wall_clock() * 1000),
+                      kv=kv if kv is not None else self.kv)
         sink = self.decision_log
         endpoints = view.snapshot.endpoints
         why: dict[int, str] | None = {} if explain else None
@@ -235,7 +257,7 @@ class Scheduler:
 
         decision_id = self.memory.remember(request.request_id, request.model,
                                            request.adapter, endpoint)
-        self.assignments.picked(endpoint)
+        assignments.picked(endpoint)
         decision = Decision(
             decision_id=decision_id,
             endpoint=endpoint,
@@ -247,8 +269,8 @@ class Scheduler:
             sink.decision(decision, cycle, policies, candidates, per_policy, shadow_scores,
                           picked)
         if explain:
-            decision.explanation = self._explain(cycle, candidates, totals, per_policy,
-                                                 order, why or {}, shadow_scores)
+            decision.explanation = self._explain(cycle, assignments, candidates, totals,
+                                                 per_policy, order, why or {}, shadow_scores)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "decision %s request=%s model=%s adapter=%s -> %s fallbacks=%s snapshot=%d",
@@ -398,7 +420,7 @@ class Scheduler:
                               f"serves {what}")
         return kept
 
-    def _explain(self, cycle, candidates, totals, per_policy, order, why,
+    def _explain(self, cycle, assignments, candidates, totals, per_policy, order, why,
                  shadow_scores) -> list[CandidateScore]:
         endpoints = cycle.view.snapshot.endpoints
         rows = explain_view.explain(endpoints, candidates, totals, per_policy, order, why,
@@ -410,8 +432,8 @@ class Scheduler:
         for row in rows:
             k = seen.get(row.endpoint)
             if k is None:
-                row.in_flight = self.assignments.in_flight(row.endpoint)
-                row.picked_since_scrape = self.assignments.picked_since_scrape(row.endpoint)
+                row.in_flight = assignments.in_flight(row.endpoint)
+                row.picked_since_scrape = assignments.picked_since_scrape(row.endpoint)
             else:
                 row.in_flight = in_flight[k] if in_flight else 0
                 row.picked_since_scrape = since[k] if since else 0
