@@ -20,7 +20,7 @@ install: $(STAMP)
 proto: $(STAMP)
 	$(PY) -m epick.api.protogen
 
-## policies: build every policies/*/ Zig or C source into policies/*.wasm
+## policies: build every policies/*/ Zig or C source into host/builtin/*.wasm (package epick.builtin)
 policies: $(STAMP)
 	$(PY) -m epick.policies_build
 
@@ -34,13 +34,24 @@ $(ENVOY_STAMP):
 
 envoy: $(ENVOY_STAMP)
 
+# lint-imports (grimp) reads a package's modules from its one folder, and epick.conformance
+# is the top-level conformance/, outside host/: so it reads a view, epick/ = host/'s
+# entries + conformance (symlinks, remade on every run, in the venv).
+LINT_VIEW := $(VENV)/lint-view
+LINT_IMPORTS = rm -rf $(LINT_VIEW) && mkdir -p $(LINT_VIEW)/epick \
+	&& ln -s $(CURDIR)/host/* $(CURDIR)/conformance $(LINT_VIEW)/epick/ \
+	&& PYTHONPATH=$(LINT_VIEW) $(VENV)/bin/lint-imports --no-cache --no-logo
+
 test: $(STAMP) $(ENVOY_STAMP)
 	$(VENV)/bin/ruff check --quiet .
+	$(LINT_IMPORTS)
 	$(PY) -m pytest -q
 
-## lint: ruff (also the first step of `make test`)
+## lint: ruff, then the layer contracts of docs/design.md (import-linter, pyproject.toml);
+## both are also the first steps of `make test`
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(LINT_IMPORTS)
 
 ## test-envoy: only the tests against a real Envoy (tests/envoy/)
 test-envoy: $(STAMP) $(ENVOY_STAMP)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import msgspec
@@ -16,8 +17,10 @@ from epick.conformance.schema import Case, VectorFile
 
 __all__ = ["VECTORS_DIR", "VectorError", "LoadedCase", "load_file", "builtin_files", "load"]
 
-#: The built-in vector sets (one or more files per policy kind).
-VECTORS_DIR = Path(__file__).parent / "vectors"
+#: The built-in vector sets (one or more files per policy kind): package data of
+#: ``epick.conformance``, so an installed wheel has them too. (Through the package, not
+#: ``epick.conformance.vectors``: that name is this module, the folder beside it.)
+VECTORS_DIR = Path(str(resources.files("epick.conformance") / "vectors"))
 
 
 class VectorError(ValueError):

@@ -11,6 +11,7 @@ Cross-field rules live in ``__post_init__``; nothing downstream re-checks.
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -40,8 +41,11 @@ __all__ = [
 
 CONFIG_VERSION = 1
 
-#: Where the built-in policies (``module = "load"``) live: the committed builds.
-BUILTIN_POLICY_DIR = Path(__file__).resolve().parent.parent / "policies" / "dist"
+#: Where the built-in policies (``module = "load"``) live: the package data of
+#: ``epick.builtin`` (host/builtin/, written by `make policies`), in a checkout and in an
+#: installed wheel alike. A folder on disk (pip installs wheels unpacked): the runtime and
+#: the decision log read the modules by path.
+BUILTIN_POLICY_DIR = Path(str(resources.files("epick.builtin")))
 
 #: The environment variable that may carry the admin bearer token instead of the file.
 ADMIN_TOKEN_ENV = "EPICK_ADMIN_TOKEN"
@@ -326,7 +330,7 @@ def load(path: str | os.PathLike[str]) -> Config:
 def resolve_module(module: str, *, base: Path | None = None) -> Path:
     """Where the .wasm for a ``module`` value lives.
 
-    A bare name without ``/`` or ``.wasm`` is a built-in (``policies/dist/NAME.wasm``);
+    A bare name without ``/`` or ``.wasm`` is a built-in (``BUILTIN_POLICY_DIR/NAME.wasm``);
     anything else is a path, relative to ``base`` (the config file's folder).
     """
     if "/" not in module and not module.endswith(".wasm"):

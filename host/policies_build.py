@@ -1,7 +1,9 @@
-"""Build the policies in ``policies/*/`` into ``policies/dist/NAME.wasm``.
+"""Build the policies in ``policies/*/`` into ``host/builtin/NAME.wasm``.
 
-Run as ``python -m epick.policies_build`` (``make policies``). Each directory under
-``policies/`` except ``sdk`` and ``dist`` is one policy, named after the directory:
+Run as ``python -m epick.policies_build`` (``make policies``). The output folder is the
+package ``epick.builtin``, so the built modules are package data and a wheel carries them
+(``epick.config.BUILTIN_POLICY_DIR``). Each directory under ``policies/`` except ``sdk``
+is one policy, named after the directory:
 
 - ``main.zig`` — a Zig policy on the SDK (``policies/sdk/epick.zig``, imported as
   ``epick``), built with ``zig build-exe``. Its exports follow from the hooks it declares
@@ -30,13 +32,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["POLICIES_DIR", "ZIG_VERSION", "Policy", "BuildError", "discover", "check_zig", "build", "build_all", "main"]
+__all__ = ["POLICIES_DIR", "BUILTIN_DIR", "ZIG_VERSION", "Policy", "BuildError", "discover", "check_zig", "build", "build_all", "main"]
 
 #: ``policies/`` of this checkout (host/ and policies/ are siblings).
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
 
+#: Where the built modules go: host/builtin/, the package ``epick.builtin`` (a checkout's;
+#: ``make policies`` runs in one).
+BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
+
 #: Directories under ``policies/`` that are not policies.
-NOT_POLICIES = frozenset({"sdk", "dist"})
+NOT_POLICIES = frozenset({"sdk"})
 
 #: The exports every SDK policy has (policies/sdk/epick.zig, ``exportPolicy``).
 ZIG_BASE_EXPORTS = (
@@ -181,9 +187,9 @@ def build_all(out_dir: Path, names: list[str] | None = None, cache: Path | None 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m epick.policies_build", description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", help="policies to build (default: all)")
-    ap.add_argument("--out", type=Path, default=POLICIES_DIR / "dist", help="output directory (default: policies/dist)")
+    ap.add_argument("--out", type=Path, default=BUILTIN_DIR, help="output directory (default: host/builtin)")
     ap.add_argument("--check", action="store_true",
-                    help="build into a temp dir and fail if any committed policies/dist/*.wasm differs")
+                    help="build into a temp dir and fail if any committed host/builtin/*.wasm differs")
     args = ap.parse_args(argv)
     try:
         if args.check:
@@ -196,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 if stale:
                     print("stale or missing (run `make policies`): " + ", ".join(stale), file=sys.stderr)
                     return 1
-                print("policies/dist is up to date")
+                print(f"{args.out} is up to date")
                 return 0
         for path in build_all(args.out, args.names):
             print(f"built {path} ({path.stat().st_size} bytes)")

@@ -312,7 +312,7 @@ class _PolicyStats:
     set by the service. Exposes ``epick_policy_recoveries_total``,
     ``epick_policy_timeout_retries_total``, ``epick_policy_breaker_opens_total`` and
     ``epick_policy_breaker_open{policy,stage}`` (1 while that stage's breaker is not
-    closed)."""
+    closed: the supervisor's one state, so also while the instance is re-created)."""
 
     def __init__(self) -> None:
         self.source: Callable[[], Iterable[tuple[str, object]]] | None = None
@@ -334,7 +334,8 @@ class _PolicyStats:
             labels=["policy"])
         open_now = GaugeMetricFamily(
             "epick_policy_breaker_open", "1 while the breaker of a policy's stage is open or "
-            "half-open.", labels=["policy", "stage"])
+            "half-open (open also while its instance is being re-created).",
+            labels=["policy", "stage"])
         source = self.source
         for name, plugin in (source() if source is not None else ()):
             stats = getattr(plugin, "stats", None)

@@ -1,77 +1,31 @@
-"""The import rules of docs/design.md ("Layers"), checked over the real import graph.
+"""The layer table of docs/design.md ("Layers") and the import-linter contracts that enforce
+it (pyproject.toml, ``[tool.importlinter]``; ``make lint`` runs ``lint-imports``).
 
-The graph is computed with ``ast`` from every source file of the ``epick`` package
-(``host/`` and the folders ``pyproject.toml`` maps into it), lazy imports inside
-functions included; the rules are read from the table in docs/design.md, so the two
-cannot drift apart.
+The table is the human-readable statement, the contracts are what runs: these tests keep
+the two equal (a failing run prints the contracts the table asks for, ready to paste),
+keep every unit of the package in the table, and show on a small package that the
+contracts catch a forbidden import — lazy ones inside functions included.
 """
 
 from __future__ import annotations
 
-import ast
+import os
+import pkgutil
 import re
+import subprocess
+import sys
 import tomllib
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+import epick
+
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT / "docs" / "design.md"
+PYPROJECT = ROOT / "pyproject.toml"
 MARKER = "<!-- import-rules:"
-
-
-@dataclass(frozen=True)
-class Edge:
-    importer: str  # a module, e.g. epick.runtime.plugin
-    imported: str  # a module, e.g. epick.scheduler.framework
-    where: str  # file:line
-
-
-def package_roots(root: Path = ROOT) -> dict[str, Path]:
-    """``epick`` and its subpackages that live outside host/, as pyproject maps them."""
-    doc = tomllib.loads((root / "pyproject.toml").read_text())
-    dirs = doc["tool"]["setuptools"]["package-dir"]
-    return {name: root / folder for name, folder in dirs.items()}
-
-
-def module_name(package: str, folder: Path, file: Path) -> str:
-    parts = [*package.split("."), *file.relative_to(folder).with_suffix("").parts]
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def import_graph(roots: Mapping[str, Path]) -> tuple[list[Edge], set[str]]:
-    """Every ``epick`` import in the source files under ``roots``, and the modules seen."""
-    files: dict[str, Path] = {}
-    for package, folder in roots.items():
-        for file in folder.rglob("*.py"):
-            name = module_name(package, folder, file)
-            files[name] = file
-    edges = []
-    modules = set(files)
-    for name, file in sorted(files.items()):
-        is_package = file.name == "__init__.py"
-        for node in ast.walk(ast.parse(file.read_text(), str(file))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:  # relative: resolve against this module's package
-                    here = name.split(".") if is_package else name.split(".")[:-1]
-                    here = here[: len(here) - (node.level - 1)]
-                    base = ".".join([*here, *([base] if base else [])])
-                # ``from epick import abi`` imports the module epick.abi
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                           for a in node.names]
-            for target in dict.fromkeys(targets):
-                if target == "epick" or target.startswith("epick."):
-                    edges.append(Edge(name, target, f"{file.relative_to(ROOT)}:{node.lineno}"
-                                      if file.is_relative_to(ROOT) else f"{file}:{node.lineno}"))
-    return edges, modules
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
 def read_rules(text: str) -> dict[str, set[str] | None]:
@@ -90,33 +44,45 @@ def read_rules(text: str) -> dict[str, set[str] | None]:
     return rules
 
 
-def unit_of(module: str, units: Iterable[str]) -> str | None:
-    """The longest unit that is ``module`` or contains it."""
-    best = None
-    for unit in units:
-        if (module == unit or module.startswith(unit + ".")) and (
-                best is None or len(unit) > len(best)):
-            best = unit
-    return best
-
-
-def violations(edges: Iterable[Edge], modules: Iterable[str],
-               rules: Mapping[str, set[str] | None]) -> list[str]:
-    """Each import a rule forbids, and each module no rule covers, in words."""
+def contracts_for(rules: dict[str, set[str] | None]) -> list[dict]:
+    """The import-linter contracts that say what the table says: one ``forbidden``
+    contract per restricted unit, over direct imports only (a unit may use what its
+    allowed units import: ``allow_indirect_imports``)."""
+    units = sorted(rules)
     out = []
-    for module in sorted(modules):
-        if module != "epick" and unit_of(module, rules) is None:
-            out.append(f"{module} belongs to no unit: add a row for it to the table in "
-                       "docs/design.md (\"Layers\")")
-    for e in edges:
-        src, dst = unit_of(e.importer, rules), unit_of(e.imported, rules)
-        if src is None or dst is None or src == dst:
-            continue  # no unit: reported above (or the root `epick`, always allowed)
-        allowed = rules[src]
-        if allowed is not None and dst not in allowed:
-            out.append(f"{e.where}: {e.importer} imports {e.imported}, but {src} may import "
-                       f"only {', '.join(sorted(allowed)) or 'nothing'}")
+    for unit in units:
+        allowed = rules[unit]
+        if allowed is None:
+            continue
+        names = ", ".join(sorted(a.removeprefix("epick.") for a in allowed)) or "nothing"
+        out.append({
+            "name": f"{unit} may import {names}",
+            "type": "forbidden",
+            "source_modules": [unit],
+            "forbidden_modules": [u for u in units if u != unit and u not in allowed],
+            "allow_indirect_imports": True,
+        })
     return out
+
+
+def as_toml(contracts: list[dict]) -> str:
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, list):
+            return "[" + ", ".join(f'"{x}"' for x in v) + "]"
+        return f'"{v}"'
+
+    return "\n".join("[[tool.importlinter.contracts]]\n" + "".join(
+        f"{k} = {value(v)}\n" for k, v in c.items()) for c in contracts)
+
+
+def package_units() -> set[str]:
+    """Every top-level module and subpackage of ``epick``: host/'s, and those pyproject
+    maps from elsewhere (epick.conformance)."""
+    found = {f"epick.{m.name}" for m in pkgutil.iter_modules(epick.__path__)}
+    listed = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["packages"]
+    return found | {p for p in listed if p.count(".") == 1}
 
 
 @pytest.fixture(scope="module")
@@ -124,16 +90,25 @@ def rules() -> dict[str, set[str] | None]:
     return read_rules(DESIGN.read_text())
 
 
-def test_the_real_import_graph_follows_the_rules(rules):
-    edges, modules = import_graph(package_roots())
-    assert len(modules) > 100 and len(edges) > 250  # the walk found the whole package
-    assert violations(edges, modules, rules) == []
+@pytest.fixture(scope="module")
+def config() -> dict:
+    return tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]
 
 
-def test_the_rules_name_only_units_that_exist(rules):
-    _, modules = import_graph(package_roots())
+def test_the_contracts_are_the_table(rules, config):
+    expected = contracts_for(rules)
+    assert config["contracts"] == expected, (
+        "pyproject.toml's [tool.importlinter] contracts differ from docs/design.md's table; "
+        "the table asks for:\n\n" + as_toml(expected))
+    assert config["root_packages"] == ["epick"]
+
+
+def test_every_unit_of_the_package_has_a_row_and_every_row_a_unit(rules):
+    units = package_units()
+    assert len(units) > 20  # the walk found the package
+    assert sorted(units - set(rules)) == [], "add a row to docs/design.md's table (\"Layers\")"
     named = set(rules) | {u for allowed in rules.values() if allowed for u in allowed}
-    assert sorted(u for u in named if u not in modules) == []
+    assert sorted(named - units) == []
 
 
 def test_interfaces_is_a_leaf_over_abi(rules):
@@ -143,55 +118,73 @@ def test_interfaces_is_a_leaf_over_abi(rules):
         assert "epick.interfaces" in rules[layer] and not rules[layer] & others, layer
 
 
-def _tree(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
+def _lint(tmp_path: Path, files: dict[str, str], config: dict) -> subprocess.CompletedProcess:
+    """lint-imports with the real contracts over a small ``epick`` made of ``files`` plus
+    an empty module for every other unit (a contract names them all)."""
+    pkg = tmp_path / "epick"
+    for unit in package_units():
+        (pkg / unit.split(".")[1]).mkdir(parents=True, exist_ok=True)
+        (pkg / unit.split(".")[1] / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
     for rel, text in files.items():
-        path = tmp_path / "host" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return {"epick": tmp_path / "host"}
+        (pkg / rel).write_text(text)
+    contracts = config["contracts"]
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.importlinter]\nroot_packages = ["epick"]\n\n' + as_toml(contracts))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # this epick before the installed one
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--no-logo"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_a_forbidden_import_is_reported_with_file_and_line(tmp_path, rules):
-    roots = _tree(tmp_path, {
-        "__init__.py": "",
-        "abi.py": "",
-        "interfaces/__init__.py": "from epick import abi\n",
-        "scheduler/__init__.py": "",
-        "scheduler/scheduler.py": "from epick.interfaces import Cycle\n",
+def test_the_contracts_pass_a_package_that_follows_the_table(tmp_path, config):
+    run = _lint(tmp_path, {
+        "interfaces/cycle.py": "from epick import abi\n",
+        "scheduler/scheduler.py": "from epick.interfaces import cycle\n",
+        "kv/routing.py": "import epick.pool\nfrom epick.config import x\n",
+    }, config)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "BROKEN" not in run.stdout
+
+
+def test_a_lazy_forbidden_import_breaks_the_contract_and_is_named(tmp_path, config):
+    run = _lint(tmp_path, {
         # the runtime reaching back into the scheduler, lazily inside a function
-        "runtime/plugin.py": "def f():\n    from epick.scheduler.scheduler import Scheduler\n",
-        "runtime/__init__.py": "from . import plugin\n",
-    })
-    edges, modules = import_graph(roots)
-    found = violations(edges, modules, rules)
-    assert len(found) == 1, found
-    assert "runtime/plugin.py:2: epick.runtime.plugin imports epick.scheduler.scheduler" in found[0]
-    assert "epick.runtime may import only epick.abi, epick.interfaces, epick.ratelog" in found[0]
+        "runtime/plugin.py": "def f():\n    from epick.scheduler import scheduler\n",
+        "scheduler/scheduler.py": "",
+    }, config)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "epick.runtime may import abi, interfaces, ratelog BROKEN" in run.stdout
+    assert "epick.runtime.plugin -> epick.scheduler.scheduler (l.2)" in run.stdout
 
 
-def test_the_leaf_importing_upwards_is_reported(tmp_path, rules):
-    roots = _tree(tmp_path, {"interfaces/cycle.py": "from epick import scheduler\n",
-                             "scheduler/__init__.py": ""})
-    edges, modules = import_graph(roots)
-    assert [v.split(": ", 1)[1] for v in violations(edges, modules, rules)] == [
-        "epick.interfaces.cycle imports epick.scheduler, but epick.interfaces may import "
-        "only epick.abi"]
-
-
-def test_a_module_outside_every_unit_is_reported(tmp_path, rules):
-    roots = _tree(tmp_path, {"newthing.py": "import epick.abi\n"})
-    edges, modules = import_graph(roots)
-    assert violations(edges, modules, rules) == [
-        "epick.newthing belongs to no unit: add a row for it to the table in docs/design.md "
-        "(\"Layers\")"]
+def test_the_leaf_importing_upwards_breaks_its_contract(tmp_path, config):
+    run = _lint(tmp_path, {"interfaces/cycle.py": "from epick import scheduler\n"}, config)
+    assert run.returncode == 1
+    assert "epick.interfaces may import abi BROKEN" in run.stdout
 
 
 def test_importing_the_runtime_or_the_pool_loads_no_scheduler():
-    import subprocess
-    import sys
-
     code = ("import sys, epick.runtime, epick.pool; "
             "print(sorted(m for m in sys.modules if m.startswith('epick.scheduler')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def write_contracts(path: Path = PYPROJECT) -> None:
+    """Rewrite pyproject's contracts from the table (after adding a row):
+    ``.venv/bin/python tests/test_imports.py --write``."""
+    text = path.read_text()
+    marker = "[[tool.importlinter.contracts]]"
+    first, last = text.index(marker), text.rindex(marker)
+    after = text.index("\n[tool.", last) + 1  # the table that follows the contracts
+    body = as_toml(contracts_for(read_rules(DESIGN.read_text())))
+    path.write_text(text[:first] + body + "\n" + text[after:])
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: tests/test_imports.py --write")
+    write_contracts()

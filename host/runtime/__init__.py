@@ -12,9 +12,11 @@
 
 Layers: :class:`Runtime` (Engine, ticker, artifact cache) -> :class:`PolicyModule`
 (compiled + checked) -> :class:`PolicyInstance` (one Store: raw ABI calls, fast ctypes
-path, raises :class:`PolicyError` subclasses) -> :class:`WasmPolicy` (the plugin: snapshot
-delivery, output checks, trap recovery, circuit breaker, stats; raises
-``epick.interfaces.PluginError``).
+path, raises :class:`PolicyError` subclasses) -> :class:`WasmPolicy` (the plugin adapter:
+snapshot delivery, output checks, stats; raises ``epick.interfaces.PluginError``), which
+runs its instance through a :class:`~epick.runtime.supervisor.Supervisor` (breakers,
+recovery, spares) and keeps its last good state in
+:class:`~epick.runtime.checkpoints.Checkpoints`.
 
 Threading rule: a wasmtime Store — so a PolicyInstance, and a WasmPolicy — is used by
 one thread at a time. The service runs every pick on its event-loop thread; a second

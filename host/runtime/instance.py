@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import numpy as np
 import wasmtime
 
 from epick import abi
-from epick.runtime._guest import GuestFunc, GuestMemory
+from epick.runtime._guest import GuestFunc, GuestMemory, trap_reason
 from epick.runtime.errors import (
     PolicyCallError,
     PolicyError,
@@ -40,11 +40,9 @@ from epick.runtime.errors import (
 )
 from epick.runtime.exports import SIGNATURES
 from epick.runtime.limits import VETTING_BACKSTOP_FACTOR
+from epick.runtime.seams import Compiled
 
-if TYPE_CHECKING:
-    from epick.runtime.module import PolicyModule
-
-__all__ = ["PolicyInstance", "SCORE_SENTINEL", "MAX_ERROR_BYTES"]
+__all__ = ["PolicyInstance", "SCORE_SENTINEL", "MAX_ERROR_BYTES", "instantiate_error"]
 
 #: Bit pattern written into unfilled score slots (a quiet NaN with a marker payload).
 SCORE_SENTINEL = np.uint64(0x7FF8_E91C_5C0E_0BAD)
@@ -67,6 +65,27 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):g} MiB"
 
 
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def instantiate_error(name: str, exc: BaseException, *, has_start: bool, fuel: int,
+                      backstop_ms: float) -> PolicyLoadError:
+    """A clear refusal for a failed ``wasmtime.Instance`` (a start function's trap, loop…)."""
+    code = getattr(exc, "trap_code", None)
+    if isinstance(exc, wasmtime.Trap) or code is not None:
+        where = "its start function" if has_start else "instantiation"
+        if code is wasmtime.TrapCode.OUT_OF_FUEL:
+            why = f"{where} ran out of fuel (its budget is {fuel:,} instructions)"
+        elif code is wasmtime.TrapCode.INTERRUPT:
+            why = f"{where} exceeded its {backstop_ms:g} ms backstop"
+        else:
+            why = f"{where} trapped: {trap_reason(str(exc))}"
+        return PolicyLoadError(name, None, f"cannot instantiate: {why}")
+    return PolicyLoadError(name, None, f"cannot instantiate: {first_line(exc)}")
+
+
 class PolicyInstance:
     """A policy module instantiated in its own Store, ``init``-ed with ``params``.
 
@@ -80,7 +99,7 @@ class PolicyInstance:
     each, one instance; every call by fuel and the epoch backstop.
     """
 
-    def __init__(self, module: PolicyModule, params: dict[str, Any] | None = None) -> None:
+    def __init__(self, module: Compiled, params: dict[str, Any] | None = None) -> None:
         rt = module.runtime
         rt._check_open()
         self.module = module
@@ -97,8 +116,6 @@ class PolicyInstance:
         try:
             instance = wasmtime.Instance(store, module._module, [])
         except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
-            from epick.runtime.runtime import instantiate_error
-
             raise instantiate_error(self.name, exc, has_start=module.has_start,
                                     fuel=lim.control_fuel, backstop_ms=start_ms) from exc
         self._store = store

@@ -62,6 +62,12 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """Calls the error rate is measured over (the rate is judged once the window is full)."""
     breaker_cooldown_s: float = 10.0
     """How long an open breaker rejects calls before one half-open trial."""
+    breaker_burn_ms: float = 100.0
+    """Wall-clock time a policy's failing calls may take within any one second; past
+    it the policy is benched (every stage's breaker opens for ``breaker_cooldown_s``).
+    A failing call may burn its whole fuel (10 M instructions: milliseconds) or its
+    backstop, and each one holds a pick: this keeps a policy that fails slowly from
+    holding the picks' tail for more than a moment."""
 
     def __post_init__(self) -> None:
         if not 1_000 <= self.fuel <= 10_000_000_000:
@@ -84,6 +90,8 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             raise ValueError(
                 f"Limits.breaker_error_rate must be in (0, 1], got {self.breaker_error_rate!r}"
             )
+        if not self.breaker_burn_ms > 0:
+            raise ValueError(f"Limits.breaker_burn_ms must be > 0, got {self.breaker_burn_ms!r}")
         if not self.breaker_cooldown_s >= 0:
             raise ValueError(
                 f"Limits.breaker_cooldown_s must be >= 0, got {self.breaker_cooldown_s!r}"

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import wasmtime
 
 from epick.runtime.instance import PolicyInstance
-
-if TYPE_CHECKING:
-    from epick.runtime.runtime import Runtime
+from epick.runtime.seams import Sandbox
 
 __all__ = ["PolicyModule"]
 
@@ -31,7 +29,8 @@ class PolicyModule:
     """Every export name of the module (ABI functions, ``memory``, anything else)."""
     size: int
     """Size of the wasm bytes."""
-    runtime: Runtime = field(repr=False)
+    runtime: Sandbox = field(repr=False)
+    """The :class:`~epick.runtime.Runtime` that compiled it."""
     _module: wasmtime.Module = field(repr=False)
     has_start: bool = False
     """The module has a start function (it runs at every instantiation)."""

@@ -19,6 +19,7 @@ from epick.runtime._guest import GuestFunc, set_fuel
 from epick.runtime.cache import ArtifactCache
 from epick.runtime.errors import PolicyError, PolicyLoadError
 from epick.runtime.exports import check_exports
+from epick.runtime.instance import first_line, instantiate_error
 from epick.runtime.limits import Limits
 from epick.runtime.module import PolicyModule
 from epick.runtime.shape import ShapeError, scan
@@ -43,11 +44,6 @@ _ENGINE_SETTINGS = {
 MEMORY_CACHE_MODULES = 16
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def trim_heap() -> None:
     """Hand freed heap back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
 
@@ -65,24 +61,6 @@ def trim_heap() -> None:
 
 
 _malloc_trim = None
-
-
-def instantiate_error(name: str, exc: BaseException, *, has_start: bool, fuel: int,
-                      backstop_ms: float) -> PolicyLoadError:
-    """A clear refusal for a failed ``wasmtime.Instance`` (a start function's trap, loop…)."""
-    code = getattr(exc, "trap_code", None)
-    if isinstance(exc, wasmtime.Trap) or code is not None:
-        from epick.runtime._guest import trap_reason
-
-        where = "its start function" if has_start else "instantiation"
-        if code is wasmtime.TrapCode.OUT_OF_FUEL:
-            why = f"{where} ran out of fuel (its budget is {fuel:,} instructions)"
-        elif code is wasmtime.TrapCode.INTERRUPT:
-            why = f"{where} exceeded its {backstop_ms:g} ms backstop"
-        else:
-            why = f"{where} trapped: {trap_reason(str(exc))}"
-        return PolicyLoadError(name, None, f"cannot instantiate: {why}")
-    return PolicyLoadError(name, None, f"cannot instantiate: {_first_line(exc)}")
 
 
 class Runtime:
@@ -109,7 +87,7 @@ class Runtime:
         if not isinstance(limits, Limits):
             raise TypeError(f"Runtime limits must be a Limits, got {type(limits).__name__}")
         self.limits = limits
-        # fuel=False / epoch=False exist to measure what each costs (bench/); the service
+        # fuel=False / epoch=False exist to measure what each costs (epick.bench); the service
         # always runs with both.
         settings = {**_ENGINE_SETTINGS, "consume_fuel": fuel, "epoch_interruption": epoch}
         self.fuel = fuel
@@ -246,7 +224,7 @@ class Runtime:
         try:
             return wasmtime.Module(self.engine, wasm), False
         except wasmtime.WasmtimeError as exc:
-            raise PolicyLoadError(name, None, f"invalid WebAssembly: {_first_line(exc)}") from exc
+            raise PolicyLoadError(name, None, f"invalid WebAssembly: {first_line(exc)}") from exc
 
     def _remember(self, sha256: str, module: wasmtime.Module) -> None:
         with self._lock:

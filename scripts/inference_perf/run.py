@@ -49,8 +49,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epick.bench.envoy import EXAMPLE, Envoy, render
+from epick.bench.checkout import tests_module
 
+#: The Envoy tests' harness (tests/envoy/envoy_harness.py): the committed example, ports rewritten.
+harness = tests_module("envoy", "envoy_harness")
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 IP_VENV = ROOT / ".venv-inference-perf"
@@ -188,8 +190,8 @@ def front(route: str, addresses: list[str], work: Path) -> Iterator[str]:
             with_epick = route == "envoy-epick"
             ext_proc = (stack.enter_context(epick(addresses, policies, work))[1]
                         if with_epick else free_port())
-            envoy = stack.enter_context(Envoy(render(
-                EXAMPLE.read_text(), ext_proc_port=ext_proc, replicas=addresses,
+            envoy = stack.enter_context(harness.Envoy(harness.render(
+                harness.EXAMPLE.read_text(), ext_proc_port=ext_proc, replicas=addresses,
                 ext_proc=with_epick, access_log=False)))
             yield envoy.url
 

@@ -23,7 +23,7 @@ def runtime():
 
 @pytest.fixture(scope="session")
 def shipped(runtime) -> Callable[[str], object]:
-    """``shipped("load")``: the committed policies/dist/load.wasm, compiled."""
+    """``shipped("load")``: the committed host/builtin/load.wasm, compiled."""
     cache: dict[str, object] = {}
 
     def get(name: str):

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from envoy_harness import EXAMPLES, Envoy, EnvoyError, find_envoy, render
 from epick_service import running
 from replica import Replica
 
 from epick import config as cfg
-from epick.bench.envoy import EXAMPLES, Envoy, EnvoyError, find_envoy, render
 
 BASE_MODEL = "base"
 

@@ -15,10 +15,9 @@ from collections import Counter
 
 import httpx
 import pytest
+from envoy_harness import EXAMPLES, find_envoy
 from epick_service import spy_complete
 from fakes import vllm_page
-
-from epick.bench.envoy import EXAMPLES, find_envoy
 
 BUSY = vllm_page(waiting=40, running=20, kv=0.95)
 IDLE = vllm_page(waiting=0, running=0, kv=0.05)

@@ -471,8 +471,9 @@ def test_the_ext_proc_port_answers_health_checks_under_upstreams_names(epick, po
 def test_the_example_epick_config_matches_the_example_envoy_configs():
     import re
 
+    from envoy_harness import EXAMPLE, EXAMPLES
+
     from epick import config as cfg
-    from epick.bench.envoy import EXAMPLE, EXAMPLES
 
     conf = cfg.load(EXAMPLE.parent / "epick.toml")
     assert conf.ext_proc.listen == "127.0.0.1:9004"

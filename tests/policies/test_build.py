@@ -1,4 +1,4 @@
-"""The committed policies/dist/*.wasm are exactly what the sources build to, import
+"""The committed host/builtin/*.wasm (package epick.builtin) are exactly what the sources build to, import
 nothing, and export the ABI their hooks promise."""
 
 from __future__ import annotations
@@ -23,10 +23,15 @@ BUILTINS = ["example-c", "legacy-v1", "load", "lora-affinity", "precise-prefix",
 
 def test_every_policy_directory_is_discovered():
     root = policies_build.POLICIES_DIR
-    dirs = sorted(d.name for d in root.iterdir() if d.is_dir() and d.name not in ("sdk", "dist")
+    dirs = sorted(d.name for d in root.iterdir() if d.is_dir() and d.name != "sdk"
                   and ((d / "main.zig").is_file() or any(d.glob("*.c"))))
     assert NAMES == dirs
     assert set(BUILTINS) <= set(NAMES)
+
+
+def test_make_policies_writes_where_the_built_ins_are_read():
+    assert policies_build.BUILTIN_DIR == DIST
+    assert (DIST / "__init__.py").is_file()  # a package: a wheel carries its .wasm
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +45,9 @@ def rebuilt(tmp_path_factory) -> Path:
 def test_the_committed_wasm_is_what_the_sources_build_to(rebuilt, name):
     fresh = (rebuilt / f"{name}.wasm").read_bytes()
     assert (DIST / f"{name}.wasm").is_file(), (
-        f"policies/dist/{name}.wasm is missing: run `make policies` and commit it")
+        f"host/builtin/{name}.wasm is missing: run `make policies` and commit it")
     committed = (DIST / f"{name}.wasm").read_bytes()
-    assert fresh == committed, f"policies/dist/{name}.wasm is stale: run `make policies` and commit it"
+    assert fresh == committed, f"host/builtin/{name}.wasm is stale: run `make policies` and commit it"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -90,9 +95,9 @@ def test_a_copied_policy_is_discovered_and_checked_like_the_built_ins(tmp_path, 
 
     src = tmp_path / "policies"
     src.mkdir()
-    shutil.copytree(DIST.parent / "load", src / "load")
-    shutil.copytree(DIST.parent / "load", src / "my-policy")
-    (src / "sdk").symlink_to(DIST.parent / "sdk")
+    shutil.copytree(policies_build.POLICIES_DIR / "load", src / "load")
+    shutil.copytree(policies_build.POLICIES_DIR / "load", src / "my-policy")
+    (src / "sdk").symlink_to(policies_build.POLICIES_DIR / "sdk")
     monkeypatch.setattr(policies_build, "POLICIES_DIR", src)
     found = {p.name: p for p in policies_build.discover()}
     assert sorted(found) == ["load", "my-policy"]
@@ -107,7 +112,7 @@ def test_a_compile_error_names_the_policy(tmp_path, monkeypatch):
     (src / "broken").mkdir(parents=True)
     (src / "broken" / "main.zig").write_text('comptime {\n    @compileError("broken on purpose");\n}\n')
     monkeypatch.setattr(policies_build, "POLICIES_DIR", src)
-    (src / "sdk").symlink_to(DIST.parent / "sdk")
+    (src / "sdk").symlink_to(policies_build.POLICIES_DIR / "sdk")
     with pytest.raises(policies_build.BuildError) as info:
         policies_build.build_all(tmp_path / "out")
     assert str(info.value).startswith("policy 'broken': zig exited with 1:")

@@ -56,7 +56,7 @@ def payloads(name: str) -> dict[str, bytes]:
 
 def test_every_discovered_policy_with_a_build_is_exercised():
     unbuilt = {p.name for p in discover()} - set(INPUTS)
-    assert not unbuilt, f"no policies/dist/*.wasm for {sorted(unbuilt)}: run `make policies`"
+    assert not unbuilt, f"no host/builtin/*.wasm for {sorted(unbuilt)}: run `make policies`"
     assert INPUTS["legacy-v1"] == "filter" and INPUTS["load"] == "score"
 
 

@@ -1,4 +1,4 @@
-"""The hostile modules of the service-level sandbox tests and bench/sandbox_under_fire.py:
+"""The hostile modules of the service-level sandbox tests and `epick bench sandbox-under-fire`:
 each passes the smoke run, then misbehaves in service (see wat/hostile.wat).
 
 ``HOSTILE[name]`` -> wasm bytes; ``hostile_wasm(**parts)`` builds a custom one.
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from wat_modules import wasm
 
-__all__ = ["HOSTILE", "MODEL", "hostile_wasm"]
+__all__ = ["HOSTILE", "MODEL", "SLOW_FAIL_EVERY_THIRD", "SPIN_EVERY_OTHER", "TRAP_EVERY_OTHER",
+           "hostile_wasm"]
 
 MODEL = "Hostile-model"
 
@@ -17,6 +18,19 @@ _NOTHING = "(nop)"
 _SPIN = "(loop $forever (br $forever))"
 _EVERY_OTHER = ("(if (i32.and (global.get $calls) (i32.const 1))"
                 " (then (return (call $fail (i32.const 16) (i32.const 16)))))")
+#: Each fresh instance's 2nd, 4th… score traps (the instance is re-created after a trap).
+TRAP_EVERY_OTHER = ("(if (i32.eqz (i32.and (global.get $calls) (i32.const 1)))"
+                    " (then unreachable))")
+#: Every 2nd score spins until its fuel runs out.
+SPIN_EVERY_OTHER = ("(if (i32.eqz (i32.and (global.get $calls) (i32.const 1)))"
+                    " (then (loop $forever (br $forever))))")
+#: Every 3rd score works through ~7 M instructions, then fails (an error, not a trap:
+#: the instance lives on, and 1 in 3 is under the breaker's 50%).
+SLOW_FAIL_EVERY_THIRD = ("(if (i32.eqz (i32.rem_u (global.get $calls) (i32.const 3)))"
+                         " (then (local.set $n (i32.const 900000))"
+                         " (block $done (loop $l (br_if $done (i32.eqz (local.get $n)))"
+                         " (local.set $n (i32.sub (local.get $n) (i32.const 1))) (br $l)))"
+                         " (return (call $fail (i32.const 16) (i32.const 16)))))")
 _EVERY_THIRD_TRAPS = ("(if (i32.eqz (i32.rem_u (global.get $calls) (i32.const 3)))"
                       " (then unreachable))")
 _GROW = ("(drop (table.grow $t (ref.null func) (i32.const 25000000)))"
@@ -35,6 +49,12 @@ HOSTILE: dict[str, tuple[str, bytes]] = {
     "spin": ("score never returns", hostile_wasm(score_bad=_SPIN)),
     "trapping-hook": ("pre_request traps on every pick", hostile_wasm(pre_bad="unreachable")),
     "every-other": ("score fails every 2nd call", hostile_wasm(score_bad=_EVERY_OTHER)),
+    "trap-every-other": ("each instance's score traps on its 2nd call",
+                         hostile_wasm(score_bad=TRAP_EVERY_OTHER)),
+    "burn-every-other": ("each instance's 2nd score spins until its fuel is gone",
+                         hostile_wasm(score_bad=SPIN_EVERY_OTHER)),
+    "slow-fail-every-third": ("every 3rd score burns ~7 M instructions, then fails",
+                              hostile_wasm(score_bad=SLOW_FAIL_EVERY_THIRD)),
     "slow-start-trap": ("a ~30 ms init, and score traps every 3rd call",
                         hostile_wasm(score_bad=_EVERY_THIRD_TRAPS, init_loops=15_000_000)),
     "hog": ("score grows its table and memory to the caps, then traps",

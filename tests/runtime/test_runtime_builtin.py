@@ -1,4 +1,4 @@
-"""The built policies (policies/dist/*.wasm) run as plugins through the real runtime."""
+"""The built policies (host/builtin/*.wasm) run as plugins through the real runtime."""
 
 from __future__ import annotations
 

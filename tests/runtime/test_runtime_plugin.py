@@ -9,6 +9,13 @@ import time
 import numpy as np
 import pytest
 import wasmtime
+from hostile import (
+    MODEL,
+    SLOW_FAIL_EVERY_THIRD,
+    SPIN_EVERY_OTHER,
+    TRAP_EVERY_OTHER,
+    hostile_wasm,
+)
 from wat_modules import snapshot, wasm, wat_source
 
 from epick import abi
@@ -22,7 +29,7 @@ from epick.interfaces import (
     PreRequestPlugin,
     ScorePlugin,
 )
-from epick.runtime import Limits, PolicyError, Runtime, WasmPolicy
+from epick.runtime import Limits, PolicyCallError, PolicyError, Runtime, WasmPolicy
 
 LONG = "x" * 5000  # counter.wat's pre_request traps on inputs over 4000 bytes
 
@@ -346,7 +353,7 @@ def test_pre_request_sends_the_request_endpoint_and_time(runtime):
     expected = abi.encoder.encode(
         abi.PreRequestEvent(request=c.request, endpoint="10.0.0.0:8000", timestamp_ms=1234)
     )
-    inst = plugin._inst
+    inst = plugin.supervisor.instance
     assert bytes(inst._in_mv[: len(expected)]) == expected
 
 
@@ -408,12 +415,12 @@ def test_a_closed_policy_refuses_calls(policy):
 
 def test_slow_checkpoints_are_spaced_out_to_a_small_share_of_the_time(load, fake_clock):
     """A checkpoint blocks a request: the gap grows with what the last one cost."""
-    from epick.runtime.plugin import CHECKPOINT_SHARE
+    from epick.runtime.checkpoints import CHECKPOINT_SHARE
 
     plugin = WasmPolicy(load("counter"), {}, clock=fake_clock)
-    plugin._checkpoint_gap_s = 1.0
-    plugin._dirty = True
-    real_export = plugin._inst.export_state
+    plugin.checkpoints.changed()
+    inst = plugin.supervisor.instance
+    real_export = inst.export_state
 
     def slow_export():  # the cost is measured with perf_counter, so really take 10 ms
         t0 = time.perf_counter()
@@ -421,9 +428,9 @@ def test_slow_checkpoints_are_spaced_out_to_a_small_share_of_the_time(load, fake
             pass
         return real_export()
 
-    plugin._inst.export_state = slow_export
-    plugin._maybe_checkpoint()
-    assert plugin._checkpoint_gap_s >= 0.01 / CHECKPOINT_SHARE  # >= 5 s for a 10 ms export
+    inst.export_state = slow_export
+    plugin.checkpoint()
+    assert plugin.checkpoints.gap_s >= 0.01 / CHECKPOINT_SHARE  # >= 5 s for a 10 ms export
 
 
 @pytest.fixture
@@ -466,7 +473,8 @@ def test_with_background_recovery_calls_skip_the_policy_until_its_instance_is_re
     assert plugin.stats.errors_by_kind == {"trap": 1, "recovering": 3}
 
 
-def test_a_rebuild_that_fails_is_tried_again_after_a_cooldown(runtime, fake_clock, background):
+def test_a_rebuild_that_fails_benches_the_policy_until_it_is_tried_again(
+        runtime, fake_clock, background):
     gate = threading.Event()
     runtime.submit(gate.wait, 30)  # no spare yet when it first traps
     plugin = background("unreachable")
@@ -474,19 +482,24 @@ def test_a_rebuild_that_fails_is_tried_again_after_a_cooldown(runtime, fake_cloc
     plugin.params = {1: "not a str key"}  # init refuses: the rebuild cannot succeed
     with pytest.raises(PluginError, match="trap"):
         plugin.score(cycle(1), (0,))
+    assert plugin.breaker_states == {"score": "open"}  # rebuilding: its calls are skipped
     gate.set()
     assert not plugin.wait_recovered(timeout=30)
+    assert (plugin.breaker_state, plugin.breaker_opens) == ("open", 1)
     with pytest.raises(PluginError) as err:
         plugin.score(cycle(1), (0,))
-    assert err.value.kind == "recovering"
+    assert err.value.kind == "circuit-open"
     assert err.value.reason.startswith("instance could not be re-created (params must be")
-    assert err.value.reason.endswith("next try in 10.0 s")
+    assert err.value.reason.endswith("next trial in 10.0 s")
     plugin.params = good
     fake_clock.advance(10.0)
     with pytest.raises(PluginError, match="recovering"):
-        plugin.score(cycle(1), (0,))  # starts the next rebuild
+        plugin.score(cycle(1), (0,))  # starts the next rebuild; the trial is not spent
     assert plugin.wait_recovered(timeout=30)
     assert plugin.stats.recoveries == 1
+    with pytest.raises(PluginError) as err:
+        plugin.score(cycle(1), (0,))  # the trial reaches the (still trapping) guest
+    assert err.value.kind == "trap"
 
 
 def test_a_closed_policy_closes_an_instance_that_was_still_being_rebuilt(runtime, background):
@@ -495,7 +508,7 @@ def test_a_closed_policy_closes_an_instance_that_was_still_being_rebuilt(runtime
     plugin = background("unreachable")
     with pytest.raises(PluginError, match="trap"):
         plugin.score(cycle(1), (0,))
-    pending = plugin._rebuild
+    pending = plugin.supervisor._rebuild
     plugin.close()
     gate.set()
     # cancelled before it ran, or closed by the done-callback once built
@@ -530,7 +543,7 @@ def test_a_warm_spare_goes_live_at_once_with_the_last_good_state(background):
     c = cycle(2)
     plugin.pre_request(c, "a")
     plugin.checkpoint()  # last good state: count 1 (8 bytes: imported into the spare)
-    assert plugin._spare.result(timeout=30)  # the spare is built in the background
+    assert plugin.supervisor._spare.result(timeout=30)  # the spare is built in the background
     with pytest.raises(PluginError, match="trap"):
         plugin.pre_request(cycle(2, prompt=LONG), "a")
     assert not plugin.recovering  # no call skipped
@@ -546,27 +559,164 @@ def _live_or_why(plugin: WasmPolicy) -> str:
         return exc.detail
 
 
-def test_an_instance_that_keeps_dying_is_rebuilt_after_a_doubling_gap(fake_clock, background):
-    plugin = background("unreachable")
-    plugin._spare.result(timeout=30)
-    seen = []
-    for _ in range(4):  # 4 traps: under the breaker's 5
-        with pytest.raises(PluginError, match="trap"):
-            plugin.score(cycle(1), (0,))
-        seen.append(_live_or_why(plugin))
-        fake_clock.advance(0.2)  # past any gap so far
-        if seen[-1] != "live":
-            _live_or_why(plugin)  # the gap is over: this starts the rebuild
-            assert plugin.wait_recovered(timeout=30)
-    assert seen == [
-        "live",  # the warm spare
-        "instance keeps failing; re-created again in 0.05 s",
-        "instance keeps failing; re-created again in 0.10 s",
-        "instance keeps failing; re-created again in 0.20 s",
-    ]
-    assert plugin.stats.recoveries == 4
-    fake_clock.advance(10.0)  # a quiet cooldown: the next death is rebuilt at once
-    with pytest.raises(PluginError, match="trap"):
-        plugin.score(cycle(1), (0,))
-    assert plugin.wait_recovered(timeout=30)  # no gap to wait out on the (fake) clock
-    assert plugin.stats.recoveries == 5
+def hostile_cycle(n: int = 1) -> Cycle:
+    """A cycle whose model triggers hostile.wat's score_bad."""
+    return Cycle(view=PoolView.build(snapshot(n)), request=abi.Request(model=MODEL))
+
+
+def _score_outcome(plugin: WasmPolicy, c: Cycle) -> str:
+    try:
+        plugin.score(c, tuple(range(len(c.view.snapshot.endpoints))))
+    except PluginError as exc:
+        return exc.kind
+    return "ok"
+
+
+def test_an_instance_that_keeps_dying_is_benched_for_a_doubling_gap(
+        runtime, fake_clock, background):
+    """Issue 32's module: each fresh instance traps on its 2nd call. Once it dies again
+    soon after its re-creation the breaker opens and says so; it is not a 'recovering'
+    story beside a 'closed' breaker."""
+    plugin = background("trap-every-other", wat_source("hostile", score_bad=TRAP_EVERY_OTHER,
+                                                       pre_bad="(nop)", init_loops=0))
+    plugin.supervisor._spare.result(timeout=30)
+    c = hostile_cycle()
+    assert [_score_outcome(plugin, c) for _ in range(2)] == ["ok", "trap"]
+    assert plugin.breaker_state == "closed"  # the warm spare went live at once
+    assert [_score_outcome(plugin, c) for _ in range(2)] == ["ok", "trap"]
+    assert (plugin.breaker_state, plugin.breaker_opens) == ("open", 1)
+    assert plugin.breaker_states == {"score": "open", "pre_request": "open"}
+    with pytest.raises(PluginError) as err:
+        plugin.score(c, (0,))
+    assert err.value.kind == "circuit-open"
+    assert err.value.reason.startswith("instance keeps failing (died 0.00 s after it was "
+                                       "re-created); next trial in")
+    fake_clock.advance(0.06)  # the first gap is 50 ms
+    assert _score_outcome(plugin, c) == "recovering"  # the rebuild starts now
+    assert plugin.wait_recovered(timeout=30)
+    assert plugin.breaker_states["score"] == "half-open"
+    assert _score_outcome(plugin, c) == "ok"  # the trial
+    assert plugin.breaker_states["score"] == "closed"
+    fake_clock.advance(0.5)
+    assert _score_outcome(plugin, c) == "trap"  # died again within the cooldown
+    assert plugin.supervisor.states["score"] == "open"
+    assert plugin.breaker_opens == 2
+    assert plugin.supervisor.retry_in_s == pytest.approx(0.1)  # the gap doubled
+    fake_clock.advance(0.2)
+    assert _live_or_why(plugin) == "instance is being re-created"  # control calls rebuild too
+    assert plugin.wait_recovered(timeout=30)
+    assert plugin.breaker_states == {"score": "half-open", "pre_request": "half-open"}
+    plugin.pre_request(c, "a")  # pre_request's own trial
+    assert plugin.breaker_states["pre_request"] == "closed"
+
+
+def test_the_error_rate_is_judged_across_re_created_instances(runtime, fake_clock):
+    """Inline recovery: every 2nd call traps and re-creates the instance; never 2 in a
+    row, yet the 10th trap in 20 calls opens the breaker (the window is the policy's,
+    not the instance's)."""
+    mod = runtime.compile(hostile_wasm(score_bad=TRAP_EVERY_OTHER), name="every-other")
+    plugin = WasmPolicy(mod, {}, clock=fake_clock)
+    c = hostile_cycle()
+    outcomes = [_score_outcome(plugin, c) for _ in range(22)]
+    assert outcomes[:20] == ["ok", "trap"] * 10
+    assert outcomes[20:] == ["circuit-open"] * 2
+    assert plugin.stats.recoveries == 10
+    assert plugin.breaker_state == "open"
+    assert plugin.supervisor.reason == "score: 10 of the last 20 calls failed"
+
+
+def test_failing_calls_that_burn_their_fuel_bench_the_policy_within_the_budget(fake_clock):
+    """Every 2nd call spins until its 10 M fuel is gone (milliseconds each): neither 5 in
+    a row nor 50% of 20 yet, but the time they burn passes the budget within a second
+    (the fake clock stands still) and the policy is benched at that call."""
+    budget_ms = 10.0
+    with Runtime(Limits(budget_ms=5000.0, breaker_burn_ms=budget_ms)) as rt:
+        plugin = WasmPolicy(rt.compile(hostile_wasm(score_bad=SPIN_EVERY_OTHER), name="burn"),
+                            {}, clock=fake_clock)
+        c = hostile_cycle()
+        costs, outcome = [], "ok"
+        while outcome != "circuit-open":
+            before = plugin.stats.failing_ms
+            outcome = _score_outcome(plugin, c)
+            assert outcome in ("ok", "out-of-fuel", "circuit-open")
+            if outcome == "out-of-fuel":
+                costs.append(plugin.stats.failing_ms - before)
+        assert 1 <= len(costs) < 10  # before the error rate could have judged
+        assert sum(costs[:-1]) <= budget_ms < sum(costs)  # benched at the first call over
+        assert plugin.breaker_state == "open"
+        assert plugin.breaker_states == {"score": "open", "pre_request": "open"}
+        reason = plugin.supervisor.reason
+        assert reason.startswith("score: ") and reason.endswith("over the 10 ms budget")
+        # benched: a well-behaved request is not even tried until the cooldown is over
+        assert _score_outcome(plugin, cycle(1)) == "circuit-open"
+
+
+def test_a_benched_policy_recovers_when_it_behaves_again(fake_clock):
+    with Runtime(Limits(budget_ms=5000.0, breaker_burn_ms=1.0)) as rt:
+        plugin = WasmPolicy(rt.compile(hostile_wasm(score_bad=SPIN_EVERY_OTHER), name="burn"),
+                            {}, clock=fake_clock)
+        c = hostile_cycle()
+        assert [_score_outcome(plugin, c) for _ in range(3)] == ["ok", "out-of-fuel",
+                                                                 "circuit-open"]
+        fake_clock.advance(10.0)
+        # the half-open trial: a request that does not trigger the spin succeeds
+        assert _score_outcome(plugin, cycle(1)) == "ok"
+        assert plugin.breaker_states["score"] == "closed"
+        assert [_score_outcome(plugin, cycle(1)) for _ in range(3)] == ["ok"] * 3
+        plugin.pre_request(cycle(1), "a")  # its own trial, which succeeds
+        assert plugin.breaker_state == "closed" and plugin.supervisor.reason == ""
+        assert plugin.breaker_opens == 1
+
+
+def test_a_failed_trial_after_a_bench_benches_it_again(fake_clock):
+    with Runtime(Limits(budget_ms=5000.0, breaker_burn_ms=1.0)) as rt:
+        plugin = WasmPolicy(rt.compile(hostile_wasm(score_bad=SPIN_EVERY_OTHER), name="burn"),
+                            {}, clock=fake_clock)
+        c = hostile_cycle()
+        assert [_score_outcome(plugin, c) for _ in range(2)] == ["ok", "out-of-fuel"]
+        fake_clock.advance(10.0)
+        assert _score_outcome(plugin, c) == "ok"  # fresh instance: its 1st call is fine
+        assert _score_outcome(plugin, c) == "out-of-fuel"  # closed again, then over budget
+        assert _score_outcome(plugin, cycle(1)) == "circuit-open"
+        assert plugin.breaker_opens == 2
+
+
+def test_slow_failures_under_the_error_rate_are_benched_by_the_time_they_burn(fake_clock):
+    """1 call in 3 fails after ~7 M instructions, returning an error (the instance lives
+    on): never twice in a row, a third of the calls — only the time budget catches it."""
+    budget_ms = 10.0
+    with Runtime(Limits(budget_ms=5000.0, breaker_burn_ms=budget_ms)) as rt:
+        mod = rt.compile(hostile_wasm(score_bad=SLOW_FAIL_EVERY_THIRD), name="slow")
+        plugin = WasmPolicy(mod, {}, clock=fake_clock)
+        c = hostile_cycle()
+        costs, outcomes = [], []
+        while not outcomes or outcomes[-1] != "circuit-open":
+            before = plugin.stats.failing_ms
+            outcomes.append(_score_outcome(plugin, c))
+            if outcomes[-1] == "error":
+                costs.append(plugin.stats.failing_ms - before)
+        assert outcomes[:-1] == ["ok", "ok", "error"] * len(costs)
+        assert sum(costs[:-1]) <= budget_ms < sum(costs)
+        assert plugin.stats.recoveries == 0 and plugin.breaker_state == "open"
+
+
+def _failing_call_of(plugin: WasmPolicy, ms: float) -> None:
+    """Report a failed score call that took ``ms`` (a synthetic cost: deterministic)."""
+    exc = PolicyCallError(plugin.name, "score", 3, "slow")
+    plugin.supervisor.failed("score", exc, time.perf_counter_ns() - int(ms * 1e6))
+
+
+def test_the_time_budget_is_judged_over_the_last_second(policy, fake_clock):
+    plugin = policy("flaky")  # Limits.breaker_burn_ms = 100
+    for _ in range(4):  # 4 x 60 ms, but 1 s apart: never 100 ms within a second
+        _failing_call_of(plugin, 60.0)
+        plugin.score(cycle(2), (0, 1))  # a success between: no consecutive failures
+        fake_clock.advance(1.0)
+    assert plugin.breaker_state == "closed"
+    _failing_call_of(plugin, 60.0)
+    fake_clock.advance(0.5)
+    _failing_call_of(plugin, 60.0)  # 120 ms within 0.5 s
+    assert plugin.breaker_state == "open" and plugin.breaker_opens == 1
+    assert plugin.supervisor.reason == ("score: 2 failing calls took 120 ms within 1 s, "
+                                        "over the 100 ms budget")
+    assert plugin.stats.failing_ms >= 360.0

@@ -1,8 +1,8 @@
 """What fuel and the epoch deadline cost, per shipped policy, side by side in one run.
 
-    .venv/bin/python bench/sandbox_overhead.py [--rounds 21] [--calls 1000]
+    epick bench sandbox-overhead [--rounds 21] [--calls 1000]
 
-For every policy in policies/dist/ that scores, four engines run the same call —
+For every policy in host/builtin/ that scores, four engines run the same call —
 ``WasmPolicy.score`` over 64 endpoints (resident snapshot when the policy exports
 ``set_snapshot``), the path a pick takes:
 
@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
-from timing import snapshot
-
 from epick import abi
+from epick.bench.timing import snapshot
 from epick.config import BUILTIN_POLICY_DIR
 from epick.interfaces import Cycle, PoolView
 from epick.runtime import Limits, Runtime, WasmPolicy
@@ -37,11 +37,11 @@ ENGINES = {"none": (False, False), "epoch": (False, True), "fuel": (True, False)
            "both": (True, True)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="epick bench sandbox-overhead", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--calls", type=int, default=1000)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     runtimes = {k: Runtime(Limits(), fuel=f, epoch=e) for k, (f, e) in ENGINES.items()}
     view = PoolView.build(snapshot(64))
     everyone = tuple(range(64))
@@ -64,10 +64,10 @@ def main() -> None:
             for key, plugin in plugins.items():  # warm up: snapshot delivered, caches hot
                 for _ in range(200):
                     plugin.score(cycles[key], everyone)
-            fuel = plugins["both"]._inst.fuel_used("score")
+            fuel = plugins["both"].supervisor.instance.fuel_used("score")
             guest = {}
             for key, plugin in plugins.items():  # the last input is still in guest memory
-                inst = plugin._inst
+                inst = plugin.supervisor.instance
                 size = len(cycles[key].score_input(everyone, inline_snapshot=not plugin._resident))
                 guest[key] = (inst._score.call3, inst._in_ptr, size, inst._out_ptr)
             samples: dict[str, list[float]] = {k: [] for k in plugins}
@@ -101,7 +101,8 @@ def main() -> None:
         print("\n".join(lines))
     print(f"({args.rounds} interleaved rounds x {args.calls} calls; x = median / median of "
           f"'none')")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """KV-event routing costs, measured in one run (issue 16):
 
-    .venv/bin/python bench/kv.py [--events 100000] [--json results/kv/kv.json]
+    epick bench kv [--events 100000] [--json results/kv/kv.json]
 
 1. tokenize + hash per 1 k-token prompt: the tiny model's own tokenizer (the committed
    copy in tests/kv/fixtures/tiny-llama) and the simulator's bytes tokenizer, vLLM's
@@ -27,19 +27,15 @@ import tracemalloc
 
 import zmq
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from timing import per_call_us  # noqa: E402
-
-from epick import abi  # noqa: E402
-from epick.kv.events import BlockStored, KVEventBatch, decode_batch  # noqa: E402
-from epick.kv.hashing import BlockHasher  # noqa: E402
-from epick.kv.index import KvIndex  # noqa: E402
-from epick.kv.routing import KvRouting  # noqa: E402
-from epick.kv.subscriber import EventSource, KvSubscriber  # noqa: E402
-from epick.kv.tokenize import BytesTokenizer, HfTokenizer  # noqa: E402
-
-FIX = HERE.parent / "tests" / "kv" / "fixtures"
+from epick import abi
+from epick.bench import checkout
+from epick.bench.timing import per_call_us
+from epick.kv.events import BlockStored, KVEventBatch, decode_batch
+from epick.kv.hashing import BlockHasher
+from epick.kv.index import KvIndex
+from epick.kv.routing import KvRouting
+from epick.kv.subscriber import EventSource, KvSubscriber
+from epick.kv.tokenize import BytesTokenizer, HfTokenizer
 
 
 def prompt_of(tok, n_tokens: int) -> str:
@@ -54,7 +50,7 @@ def prompt_of(tok, n_tokens: int) -> str:
 
 
 def bench_cost(rounds: int) -> dict:
-    hf = HfTokenizer(FIX / "tiny-llama")
+    hf = HfTokenizer(checkout.path("tests", "kv", "fixtures", "tiny-llama"))
     by = BytesTokenizer()
     hasher = BlockHasher()
     text = prompt_of(hf, 1000)
@@ -107,7 +103,7 @@ def bench_memory() -> dict:
 
 
 def bench_absorb(n: int) -> dict:
-    cap = json.loads((FIX / "vllm_events.json").read_text())
+    cap = json.loads(checkout.path("tests", "kv", "fixtures", "vllm_events.json").read_text())
     payloads = [bytes.fromhex(f["payload"]) for f in cap["frames"]]
     # The frames that store blocks (the clear would empty the index on every lap).
     payloads = [p for p in payloads
@@ -192,7 +188,7 @@ def bench_absorb(n: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="epick bench kv", description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=100_000, help="batches to flood")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--json", type=pathlib.Path)

@@ -1,6 +1,6 @@
 """µs per call of each built-in policy at 64 endpoints, and prefix-cache memory when full.
 
-    .venv/bin/python bench/policies_calls.py [--rounds 15] [--calls 2000] [--endpoints 64]
+    epick bench policies-calls [--rounds 15] [--calls 2000] [--endpoints 64]
 
 Through the real runtime (``epick.runtime.PolicyInstance``: input copy, ctypes call with
 an epoch deadline, result copy). Rows per policy: ``score`` (or ``filter``) with the
@@ -16,11 +16,11 @@ Numbers, not goals: nothing here fails on a slow machine.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
-from timing import SPURIOUS, per_call_us
-
 from epick import abi
+from epick.bench.timing import SPURIOUS, per_call_us
 from epick.config import BUILTIN_POLICY_DIR
 from epick.runtime import Limits, Runtime
 
@@ -46,12 +46,12 @@ def request(**kw) -> abi.Request:
     return abi.Request(**{**base, **kw})
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="epick bench policies-calls", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--endpoints", type=int, default=64)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     r, c, n = args.rounds, args.calls, args.endpoints
     snap = snapshot(n)
     snap_blob = abi.encoder.encode(snap)
@@ -120,7 +120,8 @@ def main() -> None:
           f"({(full - empty) / n / 1024:.0f} KiB per endpoint; filled in {fill_s:.1f} s), "
           f"{inst._memory.size / 2**20:.1f} MiB after export_state ({len(state) / 2**20:.1f} MiB of state)")
     rt.close()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """µs per policy call: wasmtime's Func.__call__ vs epick.runtime's fast path, side by side.
 
-    .venv/bin/python bench/runtime_calls.py [--rounds 15] [--calls 2000]
+    epick bench runtime-calls [--rounds 15] [--calls 2000]
 
 Prints medians (and p10/p90 across rounds) of the per-call time, each round timing
 ``--calls`` back-to-back calls. Rows:
@@ -9,7 +9,7 @@ Prints medians (and p10/p90 across rounds) of the per-call time, each round timi
   ``GuestFunc.call3`` (raw ctypes ``wasmtime_func_call_unchecked`` + epoch deadline),
   ``PolicyInstance.score`` (input copy, sentinel fill, call, count check, result copy),
   ``WasmPolicy.score`` (plus snapshot delivery check, range check, stats, breaker);
-- the built policies in policies/dist/ (if present), 64 endpoints (resident snapshot
+- the built policies in host/builtin/ (if present), 64 endpoints (resident snapshot
   when the policy exports ``set_snapshot``, else inline);
 - and how long a guest that never returns holds the thread before ``PolicyTimeout``.
 
@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import wasmtime
-from timing import SPURIOUS, per_call_us, snapshot
 
 from epick import abi
+from epick.bench.timing import SPURIOUS, per_call_us, snapshot
 from epick.config import BUILTIN_POLICY_DIR
 from epick.interfaces import Cycle, PoolView
 from epick.runtime import Limits, PolicyOutOfFuel, PolicyTimeout, Runtime, WasmPolicy
@@ -56,11 +57,11 @@ DIST = BUILTIN_POLICY_DIR
 
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="epick bench runtime-calls", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=2000)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     r, c = args.rounds, args.calls
     rows: list[tuple[str, tuple[float, float, float]]] = []
 
@@ -136,7 +137,8 @@ def main() -> None:
           f"max {stopped_ms[-1]:.2f}")
     print(f"({r} rounds x {c} calls; {SPURIOUS['timeouts']} calls hit the wall-clock backstop "
           f"(preemption on a shared machine) and were counted, not retried)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,14 +1,14 @@
 """The sandbox under fire: Pick latency while a hostile module is live, and hot swaps
 under load on a busy machine. Run once and report; not part of `make test`.
 
-    .venv/bin/python bench/sandbox_under_fire.py [--seconds 5] [--threads 3] [--swaps 1000]
-                                                 [--burn 1] [--cases spin,every-other]
+    epick bench sandbox-under-fire [--seconds 5] [--threads 3] [--swaps 1000]
+                                   [--burn 1] [--cases spin,every-other]
 
 Each run starts ``epick serve`` as its own process (so client and server do not share a
 GIL) over 8 static vLLM /metrics pages (``python -m http.server``, a third process), with ``--burn`` extra processes spinning on the
 CPU (a busy machine; stopped by PID at the end).
 
-Part 1, per case of tests/runtime/hostile.py (``benign`` first: the baseline): the
+Part 1, per case of tests/runtime/hostile.py (read from the checkout) (``benign`` first: the baseline): the
 module is loaded beside ``load`` through the admin API (conformance off: these modules
 pass the smoke run and turn hostile in service), ``--threads`` clients pick for
 ``--seconds``; prints picks/s, p50/p99/max and failed picks, and what the sandbox did
@@ -34,19 +34,14 @@ from pathlib import Path
 
 import grpc
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "runtime"))  # the hostile modules' builders
-
-from hostile import HOSTILE, MODEL  # noqa: E402
-
-from epick.api.gen.epick.v1 import (  # noqa: E402
+from epick.api.gen.epick.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     picker_pb2,
     picker_pb2_grpc,
 )
-from epick.bench.grpc import _page, _start_server  # noqa: E402
-from epick.config import resolve_module  # noqa: E402
+from epick.bench import checkout
+from epick.config import resolve_module
 
 TOKEN = "bench-token"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
@@ -70,17 +65,44 @@ def _config(pages_port: int, admin_port: int, cache: Path, *, gate: bool) -> str
     return "\n".join(lines) + "\n"
 
 
+def _page(i: int, rng: random.Random, model: str) -> bytes:
+    """A static vLLM-like page for endpoint ``i`` serving ``model`` (queues, KV use)."""
+    adapters = ",".join(rng.sample([f"adapter-{k}" for k in range(16)], 2))
+    return (
+        f'vllm:num_requests_waiting{{model_name="{model}"}} {rng.randint(0, 20)}\n'
+        f'vllm:num_requests_running{{model_name="{model}"}} {rng.randint(0, 60)}\n'
+        f'vllm:kv_cache_usage_perc{{model_name="{model}"}} {rng.random():.3f}\n'
+        f'vllm:lora_requests_info{{max_lora="4",running_lora_adapters="{adapters}",'
+        f'waiting_lora_adapters=""}} 1.7e9\n'
+        f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="8192"}} 1\n'
+    ).encode()
+
+
+def _start_server(config_path: Path) -> tuple[subprocess.Popen, str]:
+    """``epick serve`` in its own process; returns it and the Pick address it printed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epick.cli", "--log-level", "WARNING", "serve",
+         "--config", str(config_path)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    line = proc.stdout.readline()
+    if "serving Pick on" not in line:
+        proc.kill()
+        raise RuntimeError(f"epick serve did not start: {line!r}")
+    return proc, line.rsplit(" ", 1)[1].strip()
+
+
 class Pages:
     """The 8 /metrics pages, served by ``python -m http.server`` in a process of its own:
     in this process the picking threads would starve it of the GIL and the pool would
     see stale metrics that say nothing about epick."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, model: str) -> None:
         folder = tmp / "pages"
         (folder / "metrics").mkdir(parents=True)
         rng = random.Random(5)
         for i in range(8):
-            (folder / "metrics" / str(i)).write_bytes(_page(i, rng))
+            (folder / "metrics" / str(i)).write_bytes(_page(i, rng, model))
         self.port = _free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "http.server", str(self.port), "--bind", "127.0.0.1",
@@ -163,18 +185,18 @@ def _stop(proc: subprocess.Popen, admin_ch: grpc.Channel) -> None:
         proc.wait()
 
 
-def hostile_cases(tmp: Path, pages: Pages, args) -> None:
+def hostile_cases(tmp: Path, pages: Pages, args, hostile) -> None:
     print(f"Part 1: picks while a hostile module is live ({args.threads} clients x "
           f"{args.seconds:g} s, {args.burn} CPU burner(s))")
     print(f"{'case':<16}{'picks/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'failed':>8}"
           f"{'recov':>7}{'opens':>7}{'skips':>7}  breakers")
     for case in args.cases:
-        what, wasm = HOSTILE[case]
+        what, wasm = hostile.HOSTILE[case]
         proc, target, admin_ch, admin = _serve(tmp, pages, gate=False)
         try:
             admin.LoadPolicy(admin_pb2.LoadPolicyRequest(name="hostile", wasm=wasm),
                              metadata=AUTH, timeout=60)
-            with Clients(target, args.threads, MODEL, warmup_s=1.0) as c:
+            with Clients(target, args.threads, hostile.MODEL, warmup_s=1.0) as c:
                 time.sleep(1.0 + args.seconds)
             info = {p.name: p for p in admin.ListPolicies(admin_pb2.ListPoliciesRequest(),
                                                           metadata=AUTH).policies}["hostile"]
@@ -194,7 +216,7 @@ def hot_swaps(tmp: Path, pages: Pages, args) -> None:
     refused: list[str] = []
     swap_ms: list[float] = []
     try:
-        with Clients(target, args.threads, "llama") as c:
+        with Clients(target, args.threads, args.model) as c:
             t_start = time.perf_counter()
             for k in range(args.swaps):
                 t0 = time.perf_counter()
@@ -221,26 +243,30 @@ def hot_swaps(tmp: Path, pages: Pages, args) -> None:
         print("  failed pick:", line[:300])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    # The hostile modules are the sandbox tests' own (tests/runtime/hostile.py).
+    hostile = checkout.tests_module("runtime", "hostile")
+    ap = argparse.ArgumentParser(prog="epick bench sandbox-under-fire", description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--threads", type=int, default=3)
     ap.add_argument("--swaps", type=int, default=1000)
     ap.add_argument("--burn", type=int, default=1, help="CPU-burning processes meanwhile")
-    ap.add_argument("--cases", default=",".join(HOSTILE),
+    ap.add_argument("--cases", default=",".join(hostile.HOSTILE),
                     type=lambda s: [c for c in s.split(",") if c])
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    # The service refuses a model no page lists: every page serves the hostile cases' model.
+    args.model = hostile.MODEL
     for case in args.cases:
-        if case not in HOSTILE:
-            ap.error(f"unknown case {case!r}; one of {', '.join(HOSTILE)}")
+        if case not in hostile.HOSTILE:
+            ap.error(f"unknown case {case!r}; one of {', '.join(hostile.HOSTILE)}")
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                for _ in range(args.burn)]
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            pages = Pages(Path(tmp))
+            pages = Pages(Path(tmp), args.model)
             try:
                 if args.cases:
-                    hostile_cases(Path(tmp), pages, args)
+                    hostile_cases(Path(tmp), pages, args, hostile)
                 if args.swaps:
                     hot_swaps(Path(tmp), pages, args)
             finally:
@@ -249,7 +275,8 @@ def main() -> None:
         for b in burners:
             b.kill()
             b.wait()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """µs per scrape to parse real engine pages (tests/pool/fixtures/), side by side.
 
-    .venv/bin/python bench/parse_pages.py [--rounds 15] [--calls 50]
+    epick bench parse-pages [--rounds 15] [--calls 50]
 
 Rows per page: ``parse_page`` (epick's parser: line selection, only the newest LoRA
 series handed to prometheus_client) and, for scale, prometheus_client's parser over the
@@ -11,14 +11,14 @@ after 411 distinct adapter lists (host/fleet/capture_pages.py). Numbers, not goa
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import sys
 
 from prometheus_client.parser import text_string_to_metric_families
-from timing import per_call_us
 
+from epick.bench import checkout
+from epick.bench.timing import per_call_us
 from epick.pool.parse import parse_page
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "pool" / "fixtures"
 ENGINES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
 
 
@@ -28,14 +28,14 @@ def full_parse(text: str) -> None:
             pass
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="epick bench parse-pages", description=__doc__)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=50)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     print(f"{'page':28} {'lines':>6} {'lora series':>11} {'parse_page µs':>14} "
           f"{'full parse µs':>14} {'ratio':>6}")
-    for path in sorted(FIXTURES.glob("*.txt")):
+    for path in sorted(checkout.path("tests", "pool", "fixtures").glob("*.txt")):
         engine = ENGINES.get(path.name.split("_")[0])
         if engine is None:
             continue
@@ -47,7 +47,8 @@ def main() -> None:
                                  warmup=2)
         print(f"{path.name:28} {text.count(chr(10)):>6} {page.lora_series:>11} {ours:>14.0f} "
               f"{full:>14.0f} {full / ours:>5.1f}x")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
