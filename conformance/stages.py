@@ -23,7 +23,7 @@ from epick import abi
 from epick.abi import Criticality
 from epick.conformance.driver import Driver
 from epick.conformance.schema import Case, HostPolicy, Pick, State, Stats, to_abi_request
-from epick.interfaces import Capabilities, Cycle, EndpointInfo, PoolSnapshot
+from epick.interfaces import Capabilities, Cycle, EndpointInfo, PoolView
 from epick.scheduler.filters import AdmissionFilter
 from epick.scheduler.pickers import make_picker
 from epick.scheduler.policyset import PolicyEntry, PolicySet
@@ -174,16 +174,16 @@ def _plugin(spec: HostPolicy, module, runtime, base: Path | None, params: dict):
     return WasmPolicy(mod, merged, name=spec.name, checkpoint_on_hooks=False)
 
 
-def _scheduler(case: Case, pool: PoolSnapshot, plugins: list) -> Scheduler:
+def _scheduler(case: Case, view: PoolView, plugins: list) -> Scheduler:
     h = case.host
     entries = tuple(PolicyEntry(p.name, plugin, p.weight, p.shadow)
                     for p, plugin in zip(h.policies, plugins))
-    return Scheduler(lambda: pool, PolicySet(entries), fallbacks=h.fallbacks,
+    return Scheduler(lambda: view, PolicySet(entries), fallbacks=h.fallbacks,
                      admission=AdmissionFilter(h.queue_threshold, h.kv_threshold),
                      picker=make_picker(h.picker))
 
 
-def host_pool(case: Case, snap: abi.Snapshot) -> PoolSnapshot:
+def host_view(case: Case, snap: abi.Snapshot) -> PoolView:
     h = case.host
     info = []
     for e in snap.endpoints:
@@ -193,19 +193,19 @@ def host_pool(case: Case, snap: abi.Snapshot) -> PoolSnapshot:
             models=frozenset(pinned["models"]) if "models" in pinned else None,
             adapters=frozenset(pinned["adapters"]) if "adapters" in pinned else None,
         ))
-    return PoolSnapshot.build(snap, info)
+    return PoolView.build(snap, info)
 
 
 def check_host(case: Case, snap: abi.Snapshot, module, runtime, base: Path | None,
                params: dict) -> tuple[list[str], str]:
     """A host-stage case: (differences, what was decided, in words)."""
-    pool = host_pool(case, snap)
+    view = host_view(case, snap)
     plugins = [_plugin(p, module, runtime, base, params) for p in case.host.policies]
     try:
         request = to_abi_request(case.request)
         if case.stats is not None:
-            return _host_stats(case, snap, pool, plugins, module, runtime, base, params)
-        return _host_once(case, snap, _scheduler(case, pool, plugins), request)
+            return _host_stats(case, snap, view, plugins, module, runtime, base, params)
+        return _host_once(case, snap, _scheduler(case, view, plugins), request)
     finally:
         for plugin in plugins:
             plugin.close()
@@ -249,7 +249,7 @@ def _host_once(case: Case, snap, scheduler: Scheduler, request) -> tuple[list[st
     return diffs, got
 
 
-def _host_stats(case: Case, snap, pool, plugins, module, runtime, base, params):
+def _host_stats(case: Case, snap, view, plugins, module, runtime, base, params):
     stats = case.stats
     counts = np.zeros(len(snap.endpoints))
     index = {e.address: i for i, e in enumerate(snap.endpoints)}
@@ -263,7 +263,7 @@ def _host_stats(case: Case, snap, pool, plugins, module, runtime, base, params):
                 if stateful[i]:
                     plugins[i].close()
                     plugins[i] = _plugin(spec, module, runtime, base, params)
-        scheduler = _scheduler(case, pool, plugins)
+        scheduler = _scheduler(case, view, plugins)
         try:
             decision = scheduler.schedule(msgspec.structs.replace(base_request, seed=seed))
         except SchedulingError:

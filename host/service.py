@@ -53,8 +53,9 @@ from epick.kv.service import KvEvents
 from epick.loopwatch import LoopWatch
 from epick.policy_manager import PolicyManager, PolicyRejected, PolicySpec, read_module
 from epick.policy_store import PolicyStore
-from epick.pool import EndpointSpec, Pool, Sources
+from epick.pool import EndpointSpec, Pool, Sources, reader_for
 from epick.runtime import Limits, Runtime
+from epick.scheduler.assignments import Assignments
 from epick.scheduler.filters import AdmissionFilter
 from epick.scheduler.pickers import make_picker
 from epick.scheduler.scheduler import Scheduler
@@ -232,8 +233,22 @@ class Service:
             Path.home() / ".cache" / "epick")
         self.runtime = Runtime(limits=_limits(config), cache_dir=cache)
         pc = config.pool
+        # What the host sent where: raised by picks, reset by the pool's good scrapes.
+        assignments = Assignments()
+        self.pool = Pool(pc.endpoints, scrape_interval_ms=pc.scrape_interval_ms,
+                         stale_after_ms=pc.stale_after_ms, timeout_ms=pc.timeout_ms,
+                         on_scrape=assignments.scraped,
+                         reader=reader_for(pc.scrape_in, nice=pc.scrape_worker_nice,
+                                           cpus=pc.scrape_worker_cpus))
+        # KV-cache events (precise prefix routing): None unless an endpoint sets kv_events.
+        self.kv = KvEvents.from_config(_with_template_kv(config), config_path)
+        if self.kv is not None:
+            self.kv.set_endpoints(pc.endpoints)
         self.scheduler = Scheduler(
-            lambda: self.pool.snapshot,
+            lambda: self.pool.view,
+            assignments=assignments,
+            kv=self.kv.routing if self.kv is not None else None,
+            pool_status=self.pool.status,
             fallbacks=config.server.fallbacks,
             admission=AdmissionFilter(config.admission.queue_threshold,
                                       config.admission.kv_threshold),
@@ -241,24 +256,13 @@ class Service:
             decision_ttl_s=config.server.decision_ttl_s,
             max_decisions=config.server.max_decisions,
         )
-        self.pool = Pool(pc.endpoints, scrape_interval_ms=pc.scrape_interval_ms,
-                         stale_after_ms=pc.stale_after_ms, timeout_ms=pc.timeout_ms,
-                         on_scrape=self.scheduler.assignments.scraped,
-                         scrape_in=pc.scrape_in, worker_nice=pc.scrape_worker_nice,
-                         worker_cpus=pc.scrape_worker_cpus)
-        self.scheduler.pool_status = self.pool.status
         wc = config.weights
         self.weights = WeightsHub(self.scheduler, threshold=wc.threshold,
                                   min_interval_ms=wc.min_interval_ms, rule=wc.rule,
                                   temperature=wc.temperature)
-        # KV-cache events (precise prefix routing): None unless an endpoint sets kv_events.
-        self.kv = KvEvents.from_config(_with_template_kv(config), config_path)
-        if self.kv is not None:
-            self.kv.set_endpoints(pc.endpoints)
         # Endpoint sources feed the pool through its one membership door, the same
         # set_endpoints a config reload uses; the static list is always first and wins.
         self.sources = Sources(pc.endpoints, pc.sources, self._set_membership)
-        self.scheduler.kv = self.kv.routing if self.kv is not None else None
         self.manager = PolicyManager(
             self.runtime, self.scheduler,
             require_conformance=config.admin.require_conformance,

@@ -18,18 +18,43 @@
 ``vllm_page(...)``
     A realistic vLLM page: the gauges the pool reads plus histogram noise it must skip.
 
+``MemoryReader`` / ``MemoryEngine``
+    The pool's reader seam (``epick.pool.Reader``) served from memory, no socket: for
+    tests of the pool's own logic. An engine has FakeVLLM's knobs (``page``, ``status``,
+    ``hang``, ``hits``, ``documents``, ``stop()``, ``address``, ``url``)::
+
+        reader = MemoryReader()
+        engine = reader.engine(vllm_page(waiting=3))
+        pool = Pool([EndpointSpec(address=engine.address)], reader=reader)
+
+    Pages are parsed by the real parser; failures are the ScrapeErrors the HTTP reader
+    raises for the same breakage (kinds and messages alike).
+
 ``FakeClock``
     A settable monotonic clock (``clock()`` returns ``clock.now``; ``advance(s)``).
 """
 
 from __future__ import annotations
 
+import http
+import itertools
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
-__all__ = ["FakeVLLM", "vllm_page", "FakeClock"]
+import anyio
+import anyio.lowlevel
+import msgspec
+from anyio.abc import TaskStatus
+
+from epick import abi
+from epick.pool import ScrapeError
+from epick.pool.fetch import Listing, parse_listing
+from epick.pool.parse import ScrapedPage, parse_page
+
+__all__ = ["FakeVLLM", "vllm_page", "FakeClock", "MemoryReader", "MemoryEngine"]
 
 
 def vllm_page(
@@ -198,3 +223,95 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class MemoryEngine:
+    """One engine a :class:`MemoryReader` serves; see the module docstring."""
+
+    def __init__(self, address: str, page: str | None = None) -> None:
+        self.address = address
+        self.page: str = page if page is not None else vllm_page()
+        self.status: int = 200
+        self.hang: bool = False
+        self.hits: int = 0
+        self.stopped = False
+        #: Other paths it answers, e.g. ``{"/v1/models": ...}``; every other path gets
+        #: the page (as FakeVLLM does).
+        self.documents: dict[str, str] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}/metrics"
+
+    def stop(self) -> None:
+        """Kill it: a hung read ends as a dropped connection, later ones are refused."""
+        self.stopped = True
+
+
+class MemoryReader:
+    """An ``epick.pool.Reader`` over :class:`MemoryEngine` objects, found by the URL's
+    host:port (as HTTP would: an endpoint's ``metrics_url`` may name another host)."""
+
+    #: Addresses are unique in the test run, so no test reads another's telemetry series.
+    _addresses = itertools.count()
+
+    def __init__(self) -> None:
+        self.engines: dict[str, MemoryEngine] = {}
+        self.forgotten: list[str] = []
+        """Addresses the pool said left it, in order."""
+        self.running = False
+
+    def engine(self, page: str | None = None) -> MemoryEngine:
+        """A new engine on a new address (``mem-<n>:8000``)."""
+        engine = MemoryEngine(f"mem-{next(self._addresses)}:8000", page)
+        self.engines[engine.address] = engine
+        return engine
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self.running = True
+        try:
+            task_status.started()
+            await anyio.sleep_forever()
+        finally:
+            self.running = False
+
+    async def _answer(self, url: str, timeout_s: float) -> str:
+        """The text at ``url``, or the ScrapeError HTTP would give."""
+        if not self.running:
+            raise RuntimeError("MemoryReader: read before run() started (or after it ended)")
+        parts = urlsplit(url)
+        engine = self.engines.get(parts.netloc)
+        if engine is None or engine.stopped:
+            raise ScrapeError(url, f"Cannot connect to host {parts.netloc}", kind="network")
+        engine.hits += 1
+        try:
+            with anyio.fail_after(timeout_s):
+                while engine.hang and not engine.stopped:
+                    await anyio.sleep(0.002)
+        except TimeoutError as exc:
+            raise ScrapeError(url, f"no answer within {timeout_s * 1000:g} ms",
+                              kind="timeout") from exc
+        if engine.stopped:
+            raise ScrapeError(url, "Server disconnected", kind="network")
+        await anyio.lowlevel.checkpoint()  # a read always yields, as a socket read does
+        if engine.status != 200:
+            phrase = http.HTTPStatus(engine.status).phrase
+            raise ScrapeError(url, f"HTTP {engine.status} {phrase}", kind="http-status")
+        return engine.documents.get(parts.path, engine.page)
+
+    async def read_page(self, *, url: str, engine: str, address: str,
+                        previous: abi.EndpointMetrics | None, timeout_s: float) -> ScrapedPage:
+        text = await self._answer(url, timeout_s)
+        return parse_page(text, engine=engine, url=url, previous=previous, address=address)
+
+    async def read_models(self, *, url: str, address: str, timeout_s: float) -> Listing:
+        try:
+            text = await self._answer(url, timeout_s)
+            return parse_listing(text.encode())
+        except ScrapeError as exc:
+            raise ValueError(exc.reason) from exc
+        except msgspec.DecodeError as exc:
+            raise ValueError(str(exc)) from exc
+
+    def forget(self, address: str) -> None:
+        self.forgotten.append(address)

@@ -6,7 +6,7 @@ import pytest
 
 from epick import abi
 from epick.config import resolve_module
-from epick.interfaces import PoolSnapshot
+from epick.interfaces import PoolView
 from epick.policy_manager import PolicyManager, PolicyRejected, PolicySpec
 from epick.runtime import Limits, Runtime
 from epick.scheduler.policyset import UnknownPolicyError
@@ -26,8 +26,8 @@ def runtime():
 @pytest.fixture
 def manager(runtime):
     eps = tuple(abi.EndpointMetrics(address=f"10.0.0.{i}:8000") for i in range(3))
-    pool = PoolSnapshot.build(abi.Snapshot(version=1, timestamp_ms=1, endpoints=eps))
-    m = PolicyManager(runtime, Scheduler(lambda: pool), require_conformance=False)
+    view = PoolView.build(abi.Snapshot(version=1, timestamp_ms=1, endpoints=eps))
+    m = PolicyManager(runtime, Scheduler(lambda: view), require_conformance=False)
     yield m
     for e in m.scheduler.policies.entries:
         e.plugin.close()

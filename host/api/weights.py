@@ -307,7 +307,7 @@ class WeightsHub:
 
     def _basis(self):
         s = self.scheduler
-        return (s._pool().version, s.policies, s.admission)
+        return (s._view().version, s.policies, s.admission)
 
     @staticmethod
     def _key(model: str, adapter: str, criticality) -> tuple[str, str, abi.Criticality]:
@@ -325,16 +325,16 @@ class WeightsHub:
         request = abi.Request(model=model, adapter=adapter, criticality=criticality, seed=0)
         now_ms = int(self._wall_clock() * 1000)
         try:
-            pool, candidates, totals, why = self.scheduler.weigh(request)
+            view, candidates, totals, why = self.scheduler.weigh(request)
         except SchedulingError as exc:
             if first and not isinstance(exc, Shed):
                 raise
-            pool = self.scheduler._pool()
+            view = self.scheduler._view()
             return WeightsTable(
                 model, adapter, criticality,
-                tuple(EndpointShare(a, 0.0, "") for a in pool.addresses),
-                pool.version, pool.snapshot.timestamp_ms, now_ms, reason=str(exc))
-        eps = pool.snapshot.endpoints
+                tuple(EndpointShare(a, 0.0, "") for a in view.addresses),
+                view.version, view.snapshot.timestamp_ms, now_ms, reason=str(exc))
+        eps = view.snapshot.endpoints
         adm = self.scheduler.admission
         # Saturated endpoints get nothing: an L4 data plane cannot shed or queue, so
         # traffic sent there waits. Unless all are: then the scores decide (SHEDDABLE
@@ -357,8 +357,8 @@ class WeightsHub:
         in_table = set(candidates)
         rows += [EndpointShare(e.address, 0.0, why.get(i, "filtered"))
                  for i, e in enumerate(eps) if i not in in_table]
-        return WeightsTable(model, adapter, criticality, tuple(rows), pool.version,
-                            pool.snapshot.timestamp_ms, now_ms)
+        return WeightsTable(model, adapter, criticality, tuple(rows), view.version,
+                            view.snapshot.timestamp_ms, now_ms)
 
 
 def _same(a, b) -> bool:

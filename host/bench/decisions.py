@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from epick.bench.pick import request_stream, synthetic_pool, wasm_policies
+from epick.bench.pick import request_stream, synthetic_view, wasm_policies
 from epick.scheduler.scheduler import Scheduler
 
 __all__ = ["run", "main"]
@@ -39,15 +39,15 @@ def run(*, endpoints: int = 8, rounds: int = 20, per_round: int = 250,
 
     total = rounds * per_round
     requests = request_stream(total)
-    pools = [synthetic_pool(endpoints, seed=v, version=v + 1)
+    views = [synthetic_view(endpoints, seed=v, version=v + 1)
              for v in range(total // snapshot_every + 1)]
     out: dict = {"endpoints": endpoints, "picks_per_variant": total,
                  "snapshot_every": snapshot_every, "variants": {}}
     with Runtime(Limits(budget_ms=50.0)) as runtime:
         state = {}
         for name in VARIANTS:
-            box = {"pool": pools[0]}
-            sched = Scheduler(lambda box=box: box["pool"], wasm_policies(runtime),
+            box = {"view": views[0]}
+            sched = Scheduler(lambda box=box: box["view"], wasm_policies(runtime),
                               decision_ttl_s=1e9)
             log = None
             if name != "off":
@@ -60,7 +60,7 @@ def run(*, endpoints: int = 8, rounds: int = 20, per_round: int = 250,
                 for name in order:
                     sched, box, _log, pick_us, complete_us = state[name]
                     for k in range(r * per_round, (r + 1) * per_round):
-                        box["pool"] = pools[k // snapshot_every]
+                        box["view"] = views[k // snapshot_every]
                         t0 = time.perf_counter()
                         d = sched.schedule(requests[k])
                         t1 = time.perf_counter()

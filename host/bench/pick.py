@@ -17,17 +17,17 @@ from dataclasses import dataclass
 from epick import abi
 from epick.bench.pypolicies import PyLoad, PyLoraAffinity, PyPrefixCache
 from epick.config import resolve_module
-from epick.interfaces import PoolSnapshot
+from epick.interfaces import PoolView
 from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler
 
-__all__ = ["synthetic_pool", "request_stream", "wasm_policies", "python_policies", "run"]
+__all__ = ["synthetic_view", "request_stream", "wasm_policies", "python_policies", "run"]
 
 ADAPTERS = [f"adapter-{i}" for i in range(16)]
 SYSTEM_PROMPTS = [f"You are assistant #{t}. " * 30 for t in range(24)]
 
 
-def synthetic_pool(n: int, *, seed: int = 0, version: int = 1) -> PoolSnapshot:
+def synthetic_view(n: int, *, seed: int = 0, version: int = 1) -> PoolView:
     """``n`` endpoints with varied queues, KV use and LoRA sets (max_lora 4)."""
     rng = random.Random(seed)
     endpoints = []
@@ -40,7 +40,7 @@ def synthetic_pool(n: int, *, seed: int = 0, version: int = 1) -> PoolSnapshot:
             running_adapters=tuple(loaded[:3]), waiting_adapters=tuple(loaded[3:]),
             max_lora=4, num_gpu_blocks=8192, block_size=16,
         ))
-    return PoolSnapshot.build(abi.Snapshot(version=version, timestamp_ms=1_700_000_000_000,
+    return PoolView.build(abi.Snapshot(version=version, timestamp_ms=1_700_000_000_000,
                                            endpoints=tuple(endpoints)))
 
 
@@ -104,10 +104,10 @@ def run(sizes=(8, 64, 256), picks: int = 3000, rounds: int = 5, warmup: int = 30
     results = []
     with Runtime() as runtime:
         for n in sizes:
-            pool = synthetic_pool(n)
+            view = synthetic_view(n)
             scheds = {
-                "wasm": Scheduler(lambda p=pool: p, wasm_policies(runtime)),
-                "python": Scheduler(lambda p=pool: p, python_policies()),
+                "wasm": Scheduler(lambda p=view: p, wasm_policies(runtime)),
+                "python": Scheduler(lambda p=view: p, python_policies()),
             }
             reqs = request_stream(picks)
             samples = {k: [] for k in scheds}

@@ -27,7 +27,7 @@ __all__ = ["PyLoad", "PyLoraAffinity", "PyPrefixCache", "work"]
 def work(cycle: Cycle, candidates: tuple[int, ...]) -> np.ndarray:
     """The SDK's ``ctx.work``: max(running + waiting + unseen, in_flight), unseen = the
     picks since the scrape that are still in flight."""
-    eps = cycle.pool.snapshot.endpoints
+    eps = cycle.view.snapshot.endpoints
     a = cycle.assignments
     out = np.empty(len(candidates))
     for k, i in enumerate(candidates):
@@ -49,7 +49,7 @@ class PyLoad:
         self.wq, self.wkv, self.ww, self.scale = queue_weight, kv_weight, work_weight, work_scale
 
     def score(self, cycle: Cycle, candidates: tuple[int, ...]) -> np.ndarray:
-        eps = cycle.pool.snapshot.endpoints
+        eps = cycle.view.snapshot.endpoints
         q = np.array([eps[i].waiting for i in candidates], dtype=float)
         kv = np.array([eps[i].kv_usage for i in candidates], dtype=float)
         lo, hi = (q.min(), q.max()) if len(q) else (0.0, 0.0)
@@ -73,7 +73,7 @@ class PyLoraAffinity:
         adapter = cycle.request.adapter
         if not adapter:
             return np.ones(len(candidates))
-        eps = cycle.pool.snapshot.endpoints
+        eps = cycle.view.snapshot.endpoints
         out = np.zeros(len(candidates))
         load = work(cycle, candidates)
         for k, i in enumerate(candidates):
@@ -151,7 +151,7 @@ class PyPrefixCache:
         out = np.zeros(len(candidates))
         if not hashes:
             return out
-        eps = cycle.pool.snapshot.endpoints
+        eps = cycle.view.snapshot.endpoints
         w = work(cycle, candidates)
         for k, i in enumerate(candidates):
             lru = self.lru.get(eps[i].address)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from epick import abi
 from epick.config import resolve_module
-from epick.interfaces import PoolSnapshot
+from epick.interfaces import PoolView
 from epick.runtime.limits import Limits
 from epick.scheduler.pickers import make_picker
 from epick.scheduler.policyset import PolicyEntry, PolicySet
@@ -65,7 +65,7 @@ KV_ROUTERS = ("epick-precise",)
 class EpickRouter:
     """Routes a virtual-time fleet with epick's scheduler and WASM policies.
 
-    The pool snapshot is rebuilt only when a replica was re-scraped (as the service does
+    The pool's view is rebuilt only when a replica was re-scraped (as the service does
     once per metrics change); ``decision_us`` accumulates the router's own wall time per
     decision, snapshot rebuilds included.
     """
@@ -76,11 +76,11 @@ class EpickRouter:
         # The fleet's virtual clock stamps hooks too, as it stamps snapshots: a policy
         # compares the two (LoRA reconcile, request TTL).
         self._view = None
-        self.scheduler = Scheduler(lambda: self._pool, policies, fallbacks=0,
+        self.scheduler = Scheduler(lambda: self._pool_view, policies, fallbacks=0, kv=kv,
                                    picker=make_picker(picker), decision_ttl_s=1e9,
                                    max_decisions=10**7,
                                    wall_clock=lambda: self._view.now if self._view else 0.0)
-        self._pool: PoolSnapshot | None = None
+        self._pool_view: PoolView | None = None
         self._key: tuple | None = None
         self._index: dict[str, int] = {}
         self._version = 0
@@ -93,7 +93,6 @@ class EpickRouter:
         self.fleet_options: dict = {}
         """Extra ``Fleet.run`` arguments this router needs (its KV-event listener)."""
         if kv is not None:
-            self.scheduler.kv = kv
             self.fleet_options = {"kv_events": kv.on_batch, "kv_event_delay_s": kv_delay_s}
 
     def route(self, req, view) -> int:
@@ -107,7 +106,7 @@ class EpickRouter:
                     self.scheduler.assignments.scraped(view.addresses[i])
             self._key = key
             self._version += 1
-            self._pool = PoolSnapshot.build(abi.Snapshot(
+            self._pool_view = PoolView.build(abi.Snapshot(
                 version=self._version, timestamp_ms=int(view.now * 1000),
                 endpoints=view.all_metrics()))
             if not self._index:

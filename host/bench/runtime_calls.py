@@ -28,7 +28,7 @@ import wasmtime
 from epick import abi
 from epick.bench.timing import SPURIOUS, per_call_us, snapshot
 from epick.config import BUILTIN_POLICY_DIR
-from epick.interfaces import Cycle, PoolSnapshot
+from epick.interfaces import Cycle, PoolView
 from epick.runtime import Limits, PolicyOutOfFuel, PolicyTimeout, Runtime, WasmPolicy
 
 TRIVIAL = r"""
@@ -85,11 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("trivial  PolicyInstance.score (n=1)", per_call_us(lambda: pi.score(blob, 1), r, c)))
 
         wp = WasmPolicy(mod)
-        pool = PoolSnapshot.build(snapshot(1))
-        cycle = Cycle(pool=pool, request=abi.Request(model="m"))
+        view = PoolView.build(snapshot(1))
+        cycle = Cycle(view=view, request=abi.Request(model="m"))
         rows.append(("trivial  WasmPolicy.score (n=1)", per_call_us(lambda: wp.score(cycle, (0,)), r, c)))
 
-        pool64 = PoolSnapshot.build(snapshot(64))
+        view64 = PoolView.build(snapshot(64))
         everyone = tuple(range(64))
         for path in sorted(DIST.glob("*.wasm")):
             policy = rt.compile(path.read_bytes(), name=path.stem)
@@ -98,18 +98,18 @@ def main(argv: list[str] | None = None) -> int:
             pi = policy.instantiate()
             request = abi.Request(model="m", adapter="a", prompt="x" * 300)
             if pi.has("set_snapshot"):
-                pi.set_snapshot(pool64.encoded)
+                pi.set_snapshot(view64.encoded)
                 blob = abi.encoder.encode(abi.ScoreInput(request=request, candidates=everyone))
                 label = "resident"
             else:
                 blob = abi.encoder.encode(
-                    abi.ScoreInput(snapshot=pool64.snapshot, request=request, candidates=everyone)
+                    abi.ScoreInput(snapshot=view64.snapshot, request=request, candidates=everyone)
                 )
                 label = "inline"
             rows.append((f"{path.stem:<8} PolicyInstance.score (64, {label})",
                          per_call_us(lambda: pi.score(blob, 64), r, c)))
             wp = WasmPolicy(policy)
-            cycle = Cycle(pool=pool64, request=request)
+            cycle = Cycle(view=view64, request=request)
             cycle.score_input(everyone, inline_snapshot=not pi.has("set_snapshot"))  # cached per cycle
             rows.append((f"{path.stem:<8} WasmPolicy.score (64, {label})",
                          per_call_us(lambda: wp.score(cycle, everyone), r, c)))

@@ -29,7 +29,7 @@ import time
 from epick import abi
 from epick.bench.timing import snapshot
 from epick.config import BUILTIN_POLICY_DIR
-from epick.interfaces import Cycle, PoolSnapshot
+from epick.interfaces import Cycle, PoolView
 from epick.runtime import Limits, Runtime, WasmPolicy
 
 DIST = BUILTIN_POLICY_DIR
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=1000)
     args = ap.parse_args(argv)
     runtimes = {k: Runtime(Limits(), fuel=f, epoch=e) for k, (f, e) in ENGINES.items()}
-    pool = PoolSnapshot.build(snapshot(64))
+    view = PoolView.build(snapshot(64))
     everyone = tuple(range(64))
     request = abi.Request(model="m", adapter="a", prompt="You are a helpful assistant. " * 20)
     header = (f"{'policy':<14}" + "".join(f"{k + ' µs':>11}" for k in ENGINES)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 if "score" not in mod.exports:
                     break
                 plugins[key] = WasmPolicy(mod)
-                cycles[key] = Cycle(pool=pool, request=request)
+                cycles[key] = Cycle(view=view, request=request)
             if not plugins:
                 continue
             for key, plugin in plugins.items():  # warm up: snapshot delivered, caches hot

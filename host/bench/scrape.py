@@ -22,8 +22,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import anyio
 
-from epick.pool.pool import SCRAPE_IN, Pool
+from epick.pool import SCRAPE_IN, Pool, reader_for
 from epick.pool.spec import EndpointSpec
+from epick.pool.worker import ScrapeWorker
 
 _MODEL = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
 _BUCKETS = ("0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5",
@@ -119,13 +120,14 @@ def _measure(addresses: list[str], mode: str, args: argparse.Namespace) -> None:
     def count(_address: str) -> None:
         scrapes[0] += 1
 
+    reader = reader_for(mode)
     pool = Pool([EndpointSpec(address=a) for a in addresses],
-                scrape_interval_ms=args.interval_ms, scrape_in=mode, on_scrape=count)
+                scrape_interval_ms=args.interval_ms, on_scrape=count, reader=reader)
 
     async def measure() -> tuple[float, float, float]:
         async with anyio.create_task_group() as tg:
             await tg.start(pool.run)
-            worker = pool.worker.pid if pool.worker else None
+            worker = reader.pid if isinstance(reader, ScrapeWorker) else None
             w0 = _cpu_of(worker) if worker else 0.0
             n0 = scrapes[0]
             cpu, wall = time.process_time(), time.perf_counter()

@@ -25,7 +25,7 @@ Each guest call ("crossing + guest", ``GuestFunc.call*``) is split three ways:
 
 Probes name functions by their current module paths; after a rename a probe that no
 longer finds its target is listed as missing (its time goes to its caller's row), and
-``tests/bench/test_stages.py`` fails until :data:`PROBES` follows. Decisions are not
+``tests/bench/test_bench_stages.py`` fails until :data:`PROBES` follows. Decisions are not
 completed (as in ``epick.bench.answer``): post_response is not on this path.
 """
 

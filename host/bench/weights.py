@@ -283,11 +283,11 @@ class _TableRouter:
         key = tuple(view.scraped_at(i) for i in range(len(view)))
         if key != inner._key:
             from epick import abi
-            from epick.interfaces import PoolSnapshot
+            from epick.interfaces import PoolView
 
             inner._key = key
             inner._version += 1
-            inner._pool = PoolSnapshot.build(abi.Snapshot(
+            inner._pool_view = PoolView.build(abi.Snapshot(
                 version=inner._version, timestamp_ms=int(view.now * 1000),
                 endpoints=view.all_metrics()))
             self._index = {a: i for i, a in enumerate(view.addresses)}

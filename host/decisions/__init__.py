@@ -4,7 +4,8 @@
                                rotated files
     schema        (schema.py)  the records, version 1 (policies/DECISIONS.md)
     read          (reader.py)  the records back, file by file
-    Replayer      (replay.py)  recorded decisions through the real scheduler and runtime
+    Replayer      (replay/)    recorded decisions through the real scheduler and runtime
+                               (report, locality, stand-ins, modules, the replayer)
     trace         (trace.py)   a log as a workload for the simulated fleet
 """
 

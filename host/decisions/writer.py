@@ -149,7 +149,7 @@ class DecisionLog:
         self._size = 0
         self._segment = 0
         self._file_started = 0.0
-        self._written_pool: object = None
+        self._written_view: object = None
         self._written_versions: set[int] = set()
         self._written_policies: object = None
         self._policies_id = 0
@@ -171,9 +171,9 @@ class DecisionLog:
     # -- owner ----------------------------------------------------------------------------
 
     def attach(self, scheduler) -> DecisionLog:
-        """Record ``scheduler``'s decisions (sets ``scheduler.decisions``)."""
+        """Record ``scheduler``'s decisions (sets ``scheduler.decision_log``)."""
         self._scheduler = scheduler
-        scheduler.decisions = self
+        scheduler.decision_log = self
         return self
 
     def start(self) -> DecisionLog:
@@ -189,8 +189,8 @@ class DecisionLog:
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Write what is queued, close the file and join the thread. Idempotent."""
-        if self._scheduler is not None and self._scheduler.decisions is self:
-            self._scheduler.decisions = None
+        if self._scheduler is not None and self._scheduler.decision_log is self:
+            self._scheduler.decision_log = None
         thread = self._thread
         if thread is None:
             return
@@ -223,7 +223,7 @@ class DecisionLog:
             self._dropped_full.inc()
             return
         self._enqueued += 1
-        self._queue.append((decision, cycle.request, cycle.pool, cycle.now_ms, policies,
+        self._queue.append((decision, cycle.request, cycle.view, cycle.now_ms, policies,
                             candidates, scores, shadow_scores, picked, _marks(policies),
                             cycle.assigned(tuple(candidates)),
                             cycle.kv_counts(tuple(candidates)),
@@ -357,7 +357,7 @@ class DecisionLog:
         self._size = len(schema.MAGIC)
         self._z = zlib.compressobj(3) if self.compress else None
         self._file_started = self._wall_clock()
-        self._written_pool = None
+        self._written_view = None
         self._written_versions = set()
         self._written_policies = None
         self._written_modules = set()
@@ -473,19 +473,19 @@ class DecisionLog:
                 self._frame(buf, schema.Recovered(policy=e.name, recoveries=recoveries))
             seen[e.plugin] = (recoveries, checkpoints)
 
-    def _snapshot(self, buf: bytearray, pool) -> None:
-        if pool is self._written_pool or pool.version in self._written_versions:
+    def _snapshot(self, buf: bytearray, view) -> None:
+        if view is self._written_view or view.version in self._written_versions:
             return
         self._frame(buf, schema.SnapshotRec(
-            version=pool.version, encoded=pool.encoded,
+            version=view.version, encoded=view.encoded,
             facts=tuple(schema.EndpointFacts(
                 fresh=i.fresh,
                 models=tuple(sorted(i.models)) if i.models is not None else None,
                 adapters=tuple(sorted(i.adapters)) if i.adapters is not None else None,
-            ) for i in pool.info),
+            ) for i in view.info),
         ))
-        self._written_pool = pool
-        self._written_versions.add(pool.version)
+        self._written_view = view
+        self._written_versions.add(view.version)
 
     def _features(self, req: abi.Request) -> schema.RequestFeatures:
         prompt = req.prompt
@@ -508,19 +508,19 @@ class DecisionLog:
         )
 
     def _encode_decision(self, buf: bytearray, item) -> None:
-        (decision, request, pool, now_ms, policies, candidates, scores, shadow_scores,
+        (decision, request, view, now_ms, policies, candidates, scores, shadow_scores,
          picked, marks, (in_flight, since), (prefix_blocks, prefix_matched),
          prefix_cleared_ms) = item
         if not self._header_written:
             self._header(buf, decision.decision_id, first_is_decision=True)
         pid = self._policies(buf, policies)
         self._marks(buf, policies, marks)
-        self._snapshot(buf, pool)
+        self._snapshot(buf, view)
         packed = {name: np.asarray(s, dtype="<f4").tobytes() for name, s in scores.items()}
         for name, s in shadow_scores.items():
             packed[name] = np.asarray(s, dtype="<f4").tobytes()
         self._frame(buf, schema.DecisionRec(
-            id=decision.decision_id, t_ms=now_ms, snapshot=pool.version, policies=pid,
+            id=decision.decision_id, t_ms=now_ms, snapshot=view.version, policies=pid,
             request=self._features(request), candidates=tuple(candidates), scores=packed,
             picked=tuple(picked), skipped=tuple(decision.skipped),
             in_flight=in_flight, picked_since_scrape=since,

@@ -1,7 +1,7 @@
 """The extension points and the types they share: the leaf every layer builds on.
 
 ``epick.interfaces`` declares what a scheduling cycle is made of — the snapshot a pool
-publishes (:class:`PoolSnapshot`, :class:`EndpointInfo`), the per-request
+publishes (:class:`PoolView`, :class:`EndpointInfo`), the per-request
 :class:`Cycle`, the plugin protocols (filter, score, pre-request, post-response), the
 :class:`Picker`, the :class:`Capabilities` a plugin declares (checked once, at install,
 by :func:`check_plugin`), the one error a plugin raises (:class:`PluginError`) and the
@@ -14,7 +14,7 @@ Nothing here imports any of those: only :mod:`epick.abi` (the policy payloads). 
 rule, with the others, is written in docs/design.md ("Layers") and enforced by the
 import-linter contracts that `make lint` runs.
 
-Modules: ``snapshot`` (PoolSnapshot, EndpointInfo), ``cycle`` (Cycle, AssignmentView, KvCounts),
+Modules: ``view`` (PoolView, EndpointInfo), ``cycle`` (Cycle, AssignmentView, KvCounts),
 ``plugins`` (the protocols, Capabilities, PluginError, Picker), ``errors``
 (PolicyFailure, FailureKind, STATUS).
 """
@@ -34,10 +34,10 @@ from epick.interfaces.plugins import (
     ScorePlugin,
     check_plugin,
 )
-from epick.interfaces.snapshot import EndpointInfo, PoolSnapshot
+from epick.interfaces.view import EndpointInfo, PoolView
 
 __all__ = [
-    "PoolSnapshot",
+    "PoolView",
     "EndpointInfo",
     "Cycle",
     "AssignmentView",

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from epick import abi
-from epick.interfaces.snapshot import PoolSnapshot
+from epick.interfaces.view import PoolView
 
 __all__ = ["Cycle", "AssignmentView", "KvCounts"]
 
@@ -48,7 +48,7 @@ class Cycle:
     Encoded payloads are cached here so that N policies cost one encoding.
     """
 
-    pool: PoolSnapshot
+    view: PoolView
     request: abi.Request
     assignments: AssignmentView | None = None
     """What the host has sent where (``ScoreInput.in_flight`` / ``picked_since_scrape``)."""
@@ -85,7 +85,7 @@ class Cycle:
         got = self._kv.get(candidates)
         if got is None:
             got = self._kv[candidates] = self.kv.counts(
-                self.request, self.pool.snapshot.endpoints, candidates)
+                self.request, self.view.snapshot.endpoints, candidates)
         return got
 
     def kv_cleared(self, candidates: tuple[int, ...]) -> tuple[int, ...]:
@@ -95,7 +95,7 @@ class Cycle:
             return ()
         got = self._cleared.get(candidates)
         if got is None:
-            got = self._cleared[candidates] = self.kv.cleared(self.pool.snapshot.endpoints,
+            got = self._cleared[candidates] = self.kv.cleared(self.view.snapshot.endpoints,
                                                               candidates)
         return got
 
@@ -107,10 +107,10 @@ class Cycle:
         if got is None:
             got = ((), ())
             if self.assignments:
-                pool = self.pool
-                addresses = pool.addresses
+                view = self.view
+                addresses = view.addresses
                 # Usually every endpoint, in order: then the precomputed tuple will do.
-                if not (len(candidates) == len(addresses) and candidates == pool.fresh):
+                if not (len(candidates) == len(addresses) and candidates == view.fresh):
                     addresses = [addresses[i] for i in candidates]
                 got = self.assignments.of(addresses)
             self._assigned[candidates] = got
@@ -129,7 +129,7 @@ class Cycle:
             blocks, matched = self.kv_counts(candidates)
             blob = abi.encoder.encode(
                 abi.ScoreInput(
-                    snapshot=self.pool.snapshot if inline_snapshot else None,
+                    snapshot=self.view.snapshot if inline_snapshot else None,
                     request=self.request,
                     candidates=candidates,
                     in_flight=in_flight,

@@ -1,11 +1,11 @@
-"""The pool: scrape every endpoint's metrics and publish one consistent snapshot.
+"""The pool: scrape every endpoint's metrics and publish one consistent view.
 
 Concurrency (structured; trio/anyio style): :meth:`Pool.run` owns one task group holding
 one scrape loop per endpoint and, in its own body, the *round ticker*. Every
 ``scrape_interval_ms`` the ticker wakes each endpoint that is neither mid-fetch nor
 backing off (spread over half the interval, a group at a time), waits until they have
 all answered (or the interval is over — a hung endpoint never holds up the others),
-then publishes: it rebuilds the snapshot once if
+then publishes: it rebuilds the view once if
 anything changed. So a rebuild is coalesced per round and never happens per request,
 and a staleness flip is noticed on the next tick even when no scrape succeeds.
 
@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import logging
 import math
-import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
 
 import anyio
 import msgspec
@@ -30,14 +28,13 @@ from anyio.abc import TaskStatus
 from prometheus_client import Gauge
 
 from epick import abi, telemetry
-from epick.interfaces import EndpointInfo, PoolSnapshot
+from epick.interfaces import EndpointInfo, PoolView
 from epick.pool.errors import ScrapeError
-from epick.pool.fetch import Listing, LocalReader, new_session
-from epick.pool.parse import ScrapedPage
+from epick.pool.fetch import HttpReader, Listing
+from epick.pool.reader import Reader
 from epick.pool.spec import EndpointSpec
-from epick.pool.worker import ScrapeWorker
 
-__all__ = ["Pool", "EndpointStatus", "MAX_BACKOFF_MS", "SCRAPE_IN"]
+__all__ = ["Pool", "EndpointStatus", "MAX_BACKOFF_MS"]
 
 log = logging.getLogger("epick.pool")
 
@@ -55,21 +52,6 @@ MAX_BACKOFF_MS = 1000.0
 #: (Pool._round), so the answers reach the event loop a group at a time.
 SPREAD = 0.5
 SPREAD_SLOTS = 8
-
-#: Where pages are fetched and parsed: on the pool's event loop, or in a child process
-#: (:mod:`epick.pool.worker`) so that parsing never holds up a pick.
-SCRAPE_IN = ("loop", "process")
-
-
-class Reader(Protocol):
-    """What a scrape loop reads through: :class:`~epick.pool.fetch.LocalReader` (this
-    loop) or :class:`~epick.pool.worker.ScrapeWorker` (a child process)."""
-
-    async def read_page(self, *, url: str, engine: str, address: str,
-                        previous: abi.EndpointMetrics | None, timeout_s: float) -> ScrapedPage: ...
-
-    async def read_models(self, *, url: str, address: str, timeout_s: float) -> Listing: ...
-
 
 class EndpointStatus(msgspec.Struct, frozen=True, kw_only=True):
     """How scraping one endpoint goes (admin/debug view, not the hot path)."""
@@ -150,7 +132,7 @@ class _Endpoint:
 
 
 class Pool:
-    """Endpoint discovery, metric scraping and the published :class:`PoolSnapshot`.
+    """Endpoint discovery, metric scraping and the published :class:`PoolView`.
 
     Parameters
     ----------
@@ -168,16 +150,14 @@ class Pool:
     on_scrape:
         Called with the address after every good scrape (the scheduler's
         :class:`~epick.scheduler.assignments.Assignments` resets "picks since scrape").
-    scrape_in:
-        ``"loop"``: fetch and parse on this event loop. ``"process"``: in a child process
-        that :meth:`run` owns (:mod:`epick.pool.worker`); the loop then spends a few µs
-        per scrape instead of the parse's few hundred.
-    worker_nice:
-        The worker's niceness (0-19), so that on a busy machine picks run first.
-    worker_cpus:
-        The CPUs the worker may run on; empty: this process's own.
+    reader:
+        What every endpoint is read through (:class:`~epick.pool.reader.Reader`);
+        :meth:`run` owns it. Default: :class:`~epick.pool.fetch.HttpReader`, fetch and
+        parse on this event loop. :func:`~epick.pool.reader.reader_for` builds the one
+        ``[pool] scrape_in`` names (``"process"``: a child process, so the loop spends a
+        few µs per scrape instead of the parse's few hundred).
 
-    Threading: :attr:`snapshot` may be read from any thread (one attribute read of an
+    Threading: :attr:`view` may be read from any thread (one attribute read of an
     immutable object). Everything else must be called from the event loop thread that
     runs :meth:`run` (from other threads, go through ``anyio.from_thread.run_sync``).
     """
@@ -192,12 +172,8 @@ class Pool:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         on_scrape: Callable[[str], None] | None = None,
-        scrape_in: Literal["loop", "process"] = "loop",
-        worker_nice: int = 0,
-        worker_cpus: Sequence[int] = (),
+        reader: Reader | None = None,
     ) -> None:
-        if scrape_in not in SCRAPE_IN:
-            raise ValueError(f"Pool scrape_in must be one of {SCRAPE_IN}, got {scrape_in!r}")
         for name, value in (
             ("scrape_interval_ms", scrape_interval_ms),
             ("stale_after_ms", stale_after_ms),
@@ -211,15 +187,13 @@ class Pool:
         self._clock = clock
         self._wall_clock = wall_clock
         self._on_scrape = on_scrape
-        self.worker = (ScrapeWorker(nice=worker_nice, cpus=worker_cpus)
-                       if scrape_in == "process" else None)
-        """The child process that reads pages (``scrape_in="process"``), else ``None``."""
+        self.reader: Reader = reader if reader is not None else HttpReader()
+        """What every endpoint is read through (given, never swapped)."""
 
         self._endpoints: dict[str, _Endpoint] = {}
-        self._snapshot = PoolSnapshot.build(abi.Snapshot(version=0, timestamp_ms=0))
+        self._view = PoolView.build(abi.Snapshot(version=0, timestamp_ms=0))
         self._published: tuple[tuple[abi.EndpointMetrics, EndpointInfo], ...] = ()
         self._tg: anyio.abc.TaskGroup | None = None
-        self._tls: ssl.SSLContext | None = None
         self._pending: set[_Endpoint] = set()
         self._round_done: anyio.Event | None = None
         self.set_endpoints(specs)
@@ -227,21 +201,21 @@ class Pool:
     # --- the view -------------------------------------------------------------------
 
     @property
-    def snapshot(self) -> PoolSnapshot:
+    def view(self) -> PoolView:
         """The current view: one immutable object, replaced (never mutated) on change.
 
         Version 0 is the empty pool before any good scrape. Endpoints that never had a
         good scrape are absent; stale ones are present with ``fresh=False``.
         """
-        return self._snapshot
+        return self._view
 
     def ready(self) -> bool:
-        """At least one endpoint is fresh in the published snapshot.
+        """At least one endpoint is fresh in the published view.
 
-        Judged on the snapshot, not on the clock now, so health never disagrees with
-        what a pick sees (the snapshot lags the clock by at most one interval).
+        Judged on the view, not on the clock now, so health never disagrees with
+        what a pick sees (the view lags the clock by at most one interval).
         """
-        return any(info.fresh for info in self._snapshot.info)
+        return any(info.fresh for info in self._view.info)
 
     def status(self) -> list[EndpointStatus]:
         """Per endpoint, in spec order: freshness, last success age, last error, failures."""
@@ -269,7 +243,7 @@ class Pool:
         An endpoint whose spec is unchanged keeps all its state (metrics, ages, back-off).
         One whose ``models``/``adapters``/``labels`` changed keeps its metrics too; one
         whose metrics URL or engine changed starts over. Removed endpoints stop being
-        scraped at once, and the snapshot is republished right away, so a removed
+        scraped at once, and the view is republished right away, so a removed
         endpoint is never picked after this returns.
 
         Raises ``ValueError`` naming a duplicate address; the pool is then unchanged.
@@ -302,8 +276,7 @@ class Pool:
             if address not in updated:
                 self._stop(old)
                 telemetry.forget_endpoint(address)
-                if self.worker is not None:
-                    self.worker.forget(address)
+                self.reader.forget(address)
         self._endpoints = updated
         self._publish()
 
@@ -313,7 +286,7 @@ class Pool:
         """Scrape until cancelled; never returns otherwise.
 
         Calls ``task_status.started()`` once the first round has finished — every
-        endpoint answered, failed or timed out — and its snapshot is published; start it
+        endpoint answered, failed or timed out — and its view is published; start it
         with ``await tg.start(pool.run)`` to be ready only after that.
 
         Error handling: a failed scrape (:class:`ScrapeError`: network, timeout, HTTP
@@ -322,24 +295,23 @@ class Pool:
         (doubling from the interval up to :data:`MAX_BACKOFF_MS`). Nothing a model
         server does ends ``run``.
 
-        Resources: each endpoint loop owns one ``aiohttp.ClientSession`` holding one
-        kept-alive connection (environment proxies ignored), closed when the loop ends;
-        the loops share one TLS context. With ``scrape_in="process"`` the sessions live
-        in the worker process instead, which this task group owns and stops.
+        Resources: this task group owns the reader (its ``run``). The default
+        :class:`~epick.pool.fetch.HttpReader` keeps one ``aiohttp.ClientSession`` per
+        endpoint holding one kept-alive connection (environment proxies ignored), closed
+        when the endpoint leaves or the run ends; the sessions share one TLS context. A
+        :class:`~epick.pool.worker.ScrapeWorker` keeps them in its child process, which
+        it starts and stops.
         aiohttp, not httpx: scraping is the service's biggest background cost (64
         endpoints × 20/s), and an aiohttp GET costs ~5× less CPU than an httpx one here (~60–120 µs vs ~600 µs, C-accelerated parser). The
         service runs on asyncio anyway (grpc.aio needs it).
         """
         if self._tg is not None:
             raise RuntimeError("Pool.run is already running")
-        # Loading the CA bundle costs ~16 ms: once per run, not once per endpoint.
-        self._tls = ssl.create_default_context()
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 try:
-                    if self.worker is not None:
-                        await tg.start(self.worker.run)
+                    await tg.start(self.reader.run)
                     for ep in self._endpoints.values():
                         self._start(ep)
                     await self._round(deadline=None)
@@ -421,11 +393,7 @@ class Pool:
     async def _loop(self, ep: _Endpoint) -> None:
         assert ep.scope is not None
         with ep.scope:
-            if self.worker is not None:
-                await self._serve(ep, self.worker)
-            else:
-                async with new_session(self._timeout_s, self._tls) as client:
-                    await self._serve(ep, LocalReader(client))
+            await self._serve(ep, self.reader)
 
     async def _serve(self, ep: _Endpoint, reader: Reader) -> None:
         while True:
@@ -517,12 +485,12 @@ class Pool:
         return ep.last_success is not None and now - ep.last_success <= self._stale_after_s
 
     def _publish(self) -> bool:
-        """Rebuild the snapshot if metrics, freshness or the endpoint set changed.
+        """Rebuild the view if metrics, freshness or the endpoint set changed.
 
         Returns whether it rebuilt. Called once per round and after ``set_endpoints``.
         """
         now = self._clock()
-        view = []
+        rows = []
         for ep in self._endpoints.values():
             if ep.metrics is None or ep.last_success is None:
                 # Exported as not fresh, so an alert on fresh == 0 also sees endpoints
@@ -535,16 +503,16 @@ class Pool:
             if ep.age_gauge is None:  # only once there is an age: no made-up 0 before
                 ep.age_gauge = telemetry.ENDPOINT_SCRAPE_AGE.labels(ep.spec.address)
             ep.age_gauge.set(max(age, 0.0))
-            view.append((ep.metrics, ep.info_fresh if fresh else ep.info_stale))
-        published = tuple(view)
+            rows.append((ep.metrics, ep.info_fresh if fresh else ep.info_stale))
+        published = tuple(rows)
         if published == self._published:
             return False
         snapshot = abi.Snapshot(
-            version=self._snapshot.version + 1,
+            version=self._view.version + 1,
             timestamp_ms=int(self._wall_clock() * 1000),
             endpoints=tuple(metrics for metrics, _ in published),
         )
-        self._snapshot = PoolSnapshot.build(snapshot, [info for _, info in published])
+        self._view = PoolView.build(snapshot, [info for _, info in published])
         self._published = published
         telemetry.SNAPSHOT_REBUILDS.inc()
         telemetry.SNAPSHOT_ENDPOINTS.set(len(published))

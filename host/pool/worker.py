@@ -24,21 +24,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import ssl
 import struct
 import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import aiohttp
 import anyio
 import msgspec
 from anyio.abc import TaskStatus
 
 from epick import abi
 from epick.pool.errors import ScrapeError
-from epick.pool.fetch import Listing, new_session, read_models, read_page
+from epick.pool.fetch import HttpReader, Listing
 from epick.pool.parse import ScrapedPage
 
 __all__ = ["ScrapeWorker", "RESTART_S"]
@@ -294,8 +292,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> int | None:
 
 async def _serve(reader: asyncio.StreamReader, out) -> None:
     decoder = msgspec.msgpack.Decoder(Request)
-    tls = ssl.create_default_context()
-    sessions: dict[str, aiohttp.ClientSession] = {}
+    http = HttpReader()  # the very reader the pool uses on its own loop
     write_lock = asyncio.Lock()
 
     async def answer(message: msgspec.Struct) -> None:
@@ -303,22 +300,16 @@ async def _serve(reader: asyncio.StreamReader, out) -> None:
             out.write(_frame(message))
             await out.drain()
 
-    def session(address: str, timeout_s: float) -> aiohttp.ClientSession:
-        client = sessions.get(address)
-        if client is None or client.closed:
-            client = sessions[address] = new_session(timeout_s, tls)
-        return client
-
     async def handle(req: PageRequest | ModelsRequest) -> None:
-        client = session(req.address, req.timeout_s)
         try:
             if isinstance(req, PageRequest):
-                page = await read_page(client, url=req.url, engine=req.engine,
-                                       address=req.address, previous=req.previous,
-                                       timeout_s=req.timeout_s)
+                page = await http.read_page(url=req.url, engine=req.engine,
+                                            address=req.address, previous=req.previous,
+                                            timeout_s=req.timeout_s)
                 reply: msgspec.Struct = PageAnswer(id=req.id, page=page)
             else:
-                listing = await read_models(client, url=req.url, timeout_s=req.timeout_s)
+                listing = await http.read_models(url=req.url, address=req.address,
+                                                 timeout_s=req.timeout_s)
                 reply = ModelsAnswer(id=req.id, listing=listing)
         except ScrapeError as exc:
             reply = Failed(id=req.id, reason=exc.reason, kind=exc.kind)
@@ -329,25 +320,19 @@ async def _serve(reader: asyncio.StreamReader, out) -> None:
             reply = Failed(id=req.id, reason=f"{type(exc).__name__}: {exc}", kind="parse")
         await answer(reply)
 
-    try:
-        async with anyio.create_task_group() as tg:
-            while True:
-                try:
-                    (size,) = _LEN.unpack(await reader.readexactly(_LEN.size))
-                    req = decoder.decode(await reader.readexactly(size))
-                except asyncio.IncompleteReadError:
-                    tg.cancel_scope.cancel()  # stdin closed: the parent is done with us
-                    return
-                if isinstance(req, Forget):
-                    client = sessions.pop(req.address, None)
-                    if client is not None:
-                        await client.close()
-                else:
-                    tg.start_soon(handle, req)
-    finally:
-        with anyio.CancelScope(shield=True):
-            for client in sessions.values():
-                await client.close()
+    async with anyio.create_task_group() as tg:
+        await tg.start(http.run)  # closes every session when the task group ends
+        while True:
+            try:
+                (size,) = _LEN.unpack(await reader.readexactly(_LEN.size))
+                req = decoder.decode(await reader.readexactly(size))
+            except asyncio.IncompleteReadError:
+                tg.cancel_scope.cancel()  # stdin closed: the parent is done with us
+                return
+            if isinstance(req, Forget):
+                http.forget(req.address)
+            else:
+                tg.start_soon(handle, req)
 
 
 async def _main() -> None:

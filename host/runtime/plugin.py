@@ -7,8 +7,8 @@ instance, and which instance that is, is its :class:`~epick.runtime.supervisor.S
 business (breakers, recovery, spares), and the last good state its
 :class:`~epick.runtime.checkpoints.Checkpoints`'.
 
-- **Snapshot delivery.** If the module exports ``set_snapshot``, ``cycle.pool.encoded``
-  is delivered once per pool snapshot (a new :class:`PoolSnapshot` object) and instance
+- **Snapshot delivery.** If the module exports ``set_snapshot``, ``cycle.view.encoded``
+  is delivered once per pool view (a new :class:`PoolView` object) and instance
   before the first score/filter on it, and ``ScoreInput.snapshot`` is nil; otherwise
   every call carries the snapshot inline (``cycle.score_input(..., inline_snapshot=True)``).
 - **Failures** become ``PluginError(plugin, stage, kind, reason)``, ``kind``
@@ -118,7 +118,7 @@ class WasmPolicy:
         self.supervisor = Supervisor(
             mod, dict(params or {}), name=self.name, clock=clock, stats=self.stats,
             checkpoints=self.checkpoints, background=background_recovery)
-        # The instance and PoolSnapshot last delivered with set_snapshot (resident mode).
+        # The instance and PoolView last delivered with set_snapshot (resident mode).
         self._fed: tuple[object, object] = (None, None)
 
     def __repr__(self) -> str:
@@ -278,11 +278,11 @@ class WasmPolicy:
     def _score_input(self, inst: PolicyInstance, cycle: Cycle, candidates: tuple[int, ...]) -> bytes:
         if not self._resident:
             return cycle.score_input(candidates, inline_snapshot=True)
-        pool = cycle.pool
-        fed_inst, fed_pool = self._fed
-        if pool is not fed_pool or inst is not fed_inst:  # a new snapshot, or instance
-            inst.set_snapshot(pool.encoded)
-            self._fed = (inst, pool)
+        view = cycle.view
+        fed_inst, fed_view = self._fed
+        if view is not fed_view or inst is not fed_inst:  # a new snapshot, or instance
+            inst.set_snapshot(view.encoded)
+            self._fed = (inst, view)
         return cycle.score_input(candidates, inline_snapshot=False)
 
     def _score_once(self, cycle: Cycle, candidates: tuple[int, ...], n: int) -> tuple[np.ndarray, bool]:

@@ -16,8 +16,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import repeat
+from typing import Protocol
 
-__all__ = ["Assignments"]
+__all__ = ["Assignments", "Ledger"]
+
+
+class Ledger(Protocol):
+    """What the scheduler reads and writes of the counts (:class:`Assignments`
+    implements it; a replay gives the counts the log recorded)."""
+
+    def of(self, addresses: Sequence[str]) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
+
+    def picked(self, address: str) -> None: ...
+
+    def completed(self, address: str) -> None: ...
+
+    def in_flight(self, address: str) -> int: ...
+
+    def picked_since_scrape(self, address: str) -> int: ...
+
+    def __bool__(self) -> bool: ...
 
 
 class Assignments:

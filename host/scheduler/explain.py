@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from epick import abi
-from epick.interfaces import PoolSnapshot
+from epick.interfaces import PoolView
 from epick.scheduler.filters import FreshFilter
 
 __all__ = ["CandidateScore", "explain", "add_scrape_reasons", "unavailable_reason",
@@ -85,13 +85,13 @@ def scrape_errors(status: Sequence | None, limit: int = 3) -> str:
     return f" (last scrape errors: {'; '.join(errors[:limit])}{more})"
 
 
-def unavailable_reason(pool: PoolSnapshot, request: abi.Request) -> str:
+def unavailable_reason(view: PoolView, request: abi.Request) -> str:
     """Why no endpoint is left after the host filters, in words."""
-    if not pool.snapshot.endpoints:
+    if not view.snapshot.endpoints:
         return "no endpoint has reported metrics yet"
-    if not any(i.fresh for i in pool.info):
+    if not any(i.fresh for i in view.info):
         return "no endpoint has fresh metrics (all stale)"
-    live = [i for i in pool.info if i.fresh and not i.sleeping]
+    live = [i for i in view.info if i.fresh and not i.sleeping]
     if not live:
         return "every endpoint with fresh metrics is asleep"
     what = f"model {request.model!r}"

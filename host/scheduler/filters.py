@@ -20,10 +20,10 @@ class FreshFilter:
     name = "fresh"
 
     def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
-        pool = cycle.pool
-        if len(candidates) == len(pool.info):  # every endpoint: the precomputed answer
-            return pool.fresh
-        info = pool.info
+        view = cycle.view
+        if len(candidates) == len(view.info):  # every endpoint: the precomputed answer
+            return view.fresh
+        info = view.info
         return tuple(i for i in candidates if info[i].fresh)
 
 
@@ -33,10 +33,10 @@ class AwakeFilter:
     name = "awake"
 
     def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
-        pool = cycle.pool
-        if not pool.any_sleeping:
+        view = cycle.view
+        if not view.any_sleeping:
             return candidates
-        info = pool.info
+        info = view.info
         return tuple(i for i in candidates if not info[i].sleeping)
 
 
@@ -50,20 +50,20 @@ class ServesModelFilter:
     name = "serves-model"
 
     def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
-        pool = cycle.pool
-        if not pool.restricted:
+        view = cycle.view
+        if not view.restricted:
             return candidates
         model, adapter = cycle.request.model, cycle.request.adapter
         # The usual case: the fresh filter's precomputed tuple, untouched by the awake
         # filter, so the answer depends only on the snapshot and (model, adapter).
-        every = candidates is pool.fresh
+        every = candidates is view.fresh
         if every:
-            kept = pool.serving.get((model, adapter))
+            kept = view.serving.get((model, adapter))
             if kept is not None:
                 return kept
-        kept = self._serving(pool.info, candidates, model, adapter)
-        if every and len(pool.serving) < _MAX_CACHED:
-            pool.serving[(model, adapter)] = kept
+        kept = self._serving(view.info, candidates, model, adapter)
+        if every and len(view.serving) < _MAX_CACHED:
+            view.serving[(model, adapter)] = kept
         return kept
 
     @staticmethod
@@ -95,6 +95,6 @@ class AdmissionFilter:
     def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
         if cycle.request.criticality != Criticality.SHEDDABLE:
             return candidates
-        eps = cycle.pool.snapshot.endpoints
+        eps = cycle.view.snapshot.endpoints
         q, kv = self.queue_threshold, self.kv_threshold
         return tuple(i for i in candidates if eps[i].waiting <= q and eps[i].kv_usage <= kv)

@@ -15,6 +15,11 @@ successful pick is timed into ``Recorder.stages``. Decisions wait for their comp
 report in a :class:`~epick.scheduler.memory.DecisionMemory`. Everything here runs on the thread
 that owns the scheduler (the service's event-loop thread): no locks, and a policy set
 swap is one attribute assignment.
+
+Collaborators are given, never swapped: the view source, the assignment counts, the KV
+counts and the pool's scrape status to the constructor; a caller with its own (a replay
+of the decision log) gives ``policies``, ``assignments`` and ``kv`` to one
+:meth:`Scheduler.schedule` call.
 """
 
 from __future__ import annotations
@@ -30,10 +35,10 @@ import numpy as np
 
 from epick import abi
 from epick.abi import Criticality
-from epick.interfaces import Capabilities, Cycle, KvCounts, Picker, PluginError, PoolSnapshot
+from epick.interfaces import Capabilities, Cycle, KvCounts, Picker, PluginError, PoolView
 from epick.ratelog import RateLimitedLog
 from epick.scheduler import explain as explain_view
-from epick.scheduler.assignments import Assignments
+from epick.scheduler.assignments import Assignments, Ledger
 from epick.scheduler.explain import CandidateScore
 from epick.scheduler.filters import AdmissionFilter, AwakeFilter, FreshFilter, ServesModelFilter
 from epick.scheduler.memory import DecisionMemory
@@ -128,19 +133,31 @@ class Scheduler:
 
     Parameters
     ----------
-    pool:
-        Returns the current :class:`PoolSnapshot` (an attribute read, not a rebuild).
+    view:
+        Returns the current :class:`PoolView` (an attribute read, not a rebuild).
     policies:
         The initial policy set; replace ``scheduler.policies`` to swap atomically.
+    assignments:
+        What the host has sent where (:class:`Assignments`, the default: a new one); the
+        pool's good scrapes reset it, so the service builds it and gives it to both.
+    kv:
+        Per-candidate KV block counts from the engines' events (``epick.kv.KvRouting``);
+        ``None`` = KV events off.
+    pool_status:
+        The pool's per-endpoint scrape status (``Pool.status``): lets an explanation
+        show endpoints that are not in the view, and why (only ``explain`` reads it).
     fallbacks:
         How many endpoints to return after the primary.
     """
 
     def __init__(
         self,
-        pool: Callable[[], PoolSnapshot],
+        view: Callable[[], PoolView],
         policies: PolicySet = PolicySet(),
         *,
+        assignments: Ledger | None = None,
+        kv: KvCounts | None = None,
+        pool_status: Callable[[], Sequence] | None = None,
         fallbacks: int = 2,
         admission: AdmissionFilter = AdmissionFilter(),
         picker: Picker | None = None,
@@ -150,7 +167,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._pool = pool
+        self._view = view
         self.policies = policies
         self.fallbacks = fallbacks
         self.host_filters = (FreshFilter(), AwakeFilter(), ServesModelFilter())
@@ -158,20 +175,16 @@ class Scheduler:
         self.picker = picker or MaxScorePicker()
         self.recorder = recorder or _NullRecorder()
         self._wall_clock = wall_clock
-        self.assignments = Assignments()
+        self.assignments: Ledger = assignments if assignments is not None else Assignments()
         self.memory = DecisionMemory(ttl_s=decision_ttl_s, max_decisions=max_decisions,
                                      clock=clock, on_expire=self.assignments.completed)
-        self.pool_status: Callable[[], Sequence] | None = None
-        """The pool's per-endpoint scrape status (``Pool.status``): lets an explanation
-        show endpoints that are not in the snapshot, and why (only ``explain`` reads it)."""
-        self.kv: KvCounts | None = None
-        """Per-candidate KV block counts from the engines' events (``epick.kv.KvRouting``);
-        ``None`` = KV events off."""
+        self.pool_status = pool_status
+        self.kv = kv
         # A failing policy fails on every pick: one line per (policy, stage, kind) per 10 s.
         self._rlog = RateLimitedLog(log)
         #: Where decisions and completions are recorded (``epick.decisions.DecisionLog``);
         #: ``None`` = not recorded. Its methods only enqueue: they never block a pick.
-        self.decisions: DecisionSink | None = None
+        self.decision_log: DecisionSink | None = None
         # [picks scored, picks agreeing] per shadow plugin: a new plugin (a new load of
         # the policy) starts from zero, a dropped one is forgotten with it.
         self._shadow_tally: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -193,7 +206,9 @@ class Scheduler:
     # -- the cycle -----------------------------------------------------------------
 
     def schedule(self, request: abi.Request, *, explain: bool = False,
-                 subset: Collection[str] | None = None, pin: str = "") -> Decision:
+                 subset: Collection[str] | None = None, pin: str = "",
+                 policies: PolicySet | None = None, assignments: Ledger | None = None,
+                 kv: KvCounts | None = None) -> Decision:
         """Pick an endpoint for ``request``; raise :class:`Shed` or :class:`Unavailable`.
 
         ``request.seed`` drives every random choice (the API layer fills a random one
@@ -205,15 +220,22 @@ class Scheduler:
         forces one endpoint (``host:port``): it must be fresh and serve the model, or the
         pick is :class:`Unavailable` — never silently replaced; admission and policy
         filters do not apply to it, and it has no fallbacks.
+
+        ``policies``, ``assignments`` and ``kv`` replace the scheduler's own for this pick
+        only (``None``: its own); a replay gives what the log recorded.
         """
         perf = time.perf_counter
         t_start = perf()
-        pool = self._pool()
-        policies = self.policies  # one read: a concurrent swap cannot split this pick
-        cycle = Cycle(pool=pool, request=request, assignments=self.assignments,
-                      now_ms=int(self._wall_clock() * 1000), kv=self.kv)
-        sink = self.decisions
-        endpoints = pool.snapshot.endpoints
+        view = self._view()
+        if policies is None:
+            policies = self.policies  # one read: a concurrent swap cannot split this pick
+        if assignments is None:
+            assignments = self.assignments
+        cycle = Cycle(view=view, request=request, assignments=assignments,
+                      now_ms=int(self._wall_clock() * 1000),
+                      kv=kv if kv is not None else self.kv)
+        sink = self.decision_log
+        endpoints = view.snapshot.endpoints
         why: dict[int, str] | None = {} if explain else None
         skipped: list[str] = []
 
@@ -235,32 +257,32 @@ class Scheduler:
 
         decision_id = self.memory.remember(request.request_id, request.model,
                                            request.adapter, endpoint)
-        self.assignments.picked(endpoint)
+        assignments.picked(endpoint)
         decision = Decision(
             decision_id=decision_id,
             endpoint=endpoint,
             fallbacks=[endpoints[i].address for i in picked[1:]],
-            snapshot_version=pool.version,
+            snapshot_version=view.version,
             skipped=skipped,
         )
         if sink is not None:
             sink.decision(decision, cycle, policies, candidates, per_policy, shadow_scores,
                           picked)
         if explain:
-            decision.explanation = self._explain(cycle, candidates, totals, per_policy,
-                                                 order, why or {}, shadow_scores)
+            decision.explanation = self._explain(cycle, assignments, candidates, totals,
+                                                 per_policy, order, why or {}, shadow_scores)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "decision %s request=%s model=%s adapter=%s -> %s fallbacks=%s snapshot=%d",
                 decision.decision_id, request.request_id, request.model, request.adapter,
-                endpoint, decision.fallbacks, pool.version,
+                endpoint, decision.fallbacks, view.version,
             )
         return decision
 
-    def weigh(self, request: abi.Request) -> tuple[PoolSnapshot, tuple[int, ...], np.ndarray,
+    def weigh(self, request: abi.Request) -> tuple[PoolView, tuple[int, ...], np.ndarray,
                                                    dict[int, str]]:
         """The filters and weighted scores :meth:`schedule` would compute for ``request``,
-        without picking: ``(pool, candidates, totals, why)`` (``why``: index -> the filter
+        without picking: ``(view, candidates, totals, why)`` (``why``: index -> the filter
         that removed it). For the weights stream (``epick.api.weights``).
 
         Side-effect free: no pick, no pre_request hooks or shadows, no decision
@@ -268,16 +290,16 @@ class Scheduler:
         (a failing policy is still counted and skipped, as on a pick). Raises
         :class:`Shed` / :class:`Unavailable` as :meth:`schedule` would.
         """
-        pool = self._pool()
+        view = self._view()
         policies = self.policies
-        cycle = Cycle(pool=pool, request=request, assignments=self.assignments,
+        cycle = Cycle(view=view, request=request, assignments=self.assignments,
                       now_ms=int(self._wall_clock() * 1000), kv=self.kv)
         why: dict[int, str] = {}
         skipped: list[str] = []
         candidates = self._filter(cycle, policies, why, skipped, subset=None, pin="")
         totals, _ = self._score(cycle, policies, candidates, skipped, keep=False,
                                 timed=False)
-        return pool, candidates, totals, why
+        return view, candidates, totals, why
 
     # -- the stages, in order ------------------------------------------------------------
 
@@ -290,17 +312,17 @@ class Scheduler:
         :class:`Shed` when admission or a policy leaves none for a request that may be
         shed. A pinned endpoint passes the host filters only.
         """
-        pool, request = cycle.pool, cycle.request
+        view, request = cycle.view, cycle.request
         if pin:
-            return self._pinned(pool, cycle, pin)
-        candidates = tuple(range(len(pool.snapshot.endpoints)))
+            return self._pinned(view, cycle, pin)
+        candidates = tuple(range(len(view.snapshot.endpoints)))
         for f in self.host_filters:
             candidates = _apply(f.name, f.filter(cycle, candidates), candidates, why)
         if subset is not None:
-            candidates = self._in_subset(pool, candidates, subset, request, why)
+            candidates = self._in_subset(view, candidates, subset, request, why)
         if not candidates:
             status = self.pool_status() if self.pool_status is not None else None
-            raise Unavailable(explain_view.unavailable_reason(pool, request)
+            raise Unavailable(explain_view.unavailable_reason(view, request)
                               + explain_view.scrape_errors(status))
         candidates = _apply(self.admission.name, self.admission.filter(cycle, candidates),
                             candidates, why)
@@ -392,13 +414,13 @@ class Scheduler:
 
     # -- helpers of the filter stage ----------------------------------------------------
 
-    def _pinned(self, pool: PoolSnapshot, cycle: Cycle, pin: str) -> tuple[int, ...]:
-        index = next((i for i, e in enumerate(pool.snapshot.endpoints) if e.address == pin),
+    def _pinned(self, view: PoolView, cycle: Cycle, pin: str) -> tuple[int, ...]:
+        index = next((i for i, e in enumerate(view.snapshot.endpoints) if e.address == pin),
                      None)
         if index is None:
             raise Unavailable(f"pinned endpoint {pin!r} is not in the pool (or has never "
                               "reported metrics)")
-        if not pool.info[index].fresh:
+        if not view.info[index].fresh:
             raise Unavailable(f"pinned endpoint {pin!r} is not fresh (its metrics are stale)")
         for f in self.host_filters:
             if not f.filter(cycle, (index,)):
@@ -407,9 +429,9 @@ class Scheduler:
         return (index,)
 
     @staticmethod
-    def _in_subset(pool, candidates, subset, request, why) -> tuple[int, ...]:
+    def _in_subset(view, candidates, subset, request, why) -> tuple[int, ...]:
         wanted = set(subset)
-        eps = pool.snapshot.endpoints
+        eps = view.snapshot.endpoints
         kept = tuple(i for i in candidates
                      if eps[i].address in wanted or eps[i].address.rpartition(":")[0] in wanted)
         if why is not None:
@@ -423,9 +445,9 @@ class Scheduler:
                               f"serves {what}")
         return kept
 
-    def _explain(self, cycle, candidates, totals, per_policy, order, why,
+    def _explain(self, cycle, assignments, candidates, totals, per_policy, order, why,
                  shadow_scores) -> list[CandidateScore]:
-        endpoints = cycle.pool.snapshot.endpoints
+        endpoints = cycle.view.snapshot.endpoints
         rows = explain_view.explain(endpoints, candidates, totals, per_policy, order, why,
                                     shadow_scores)
         # as the policies saw them: before this pick was counted
@@ -435,8 +457,8 @@ class Scheduler:
         for row in rows:
             k = seen.get(row.endpoint)
             if k is None:
-                row.in_flight = self.assignments.in_flight(row.endpoint)
-                row.picked_since_scrape = self.assignments.picked_since_scrape(row.endpoint)
+                row.in_flight = assignments.in_flight(row.endpoint)
+                row.picked_since_scrape = assignments.picked_since_scrape(row.endpoint)
             else:
                 row.in_flight = in_flight[k] if in_flight else 0
                 row.picked_since_scrape = since[k] if since else 0
@@ -483,8 +505,8 @@ class Scheduler:
         )
         self._post_response(self.policies, event)
         self.recorder.completion(int(status), prompt_tokens, completion_tokens, ttft_s)
-        if self.decisions is not None:
-            self.decisions.completion(decision_id, event, endpoint, prompt_tokens,
+        if self.decision_log is not None:
+            self.decision_log.completion(decision_id, event, endpoint, prompt_tokens,
                                       completion_tokens, ttft_s)
         return True
 

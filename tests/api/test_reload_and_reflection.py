@@ -31,7 +31,7 @@ def wait_for(predicate, timeout=5.0):
 
 
 def endpoints_of(svc):
-    return svc.call(lambda: {e.address for e in svc.service.pool.snapshot.snapshot.endpoints})
+    return svc.call(lambda: {e.address for e in svc.service.pool.view.snapshot.endpoints})
 
 
 def test_editing_the_config_adds_and_removes_endpoints_without_restart(fake_vllm, tmp_path):

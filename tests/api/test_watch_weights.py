@@ -152,14 +152,14 @@ def test_a_slow_reader_gets_the_latest_table_not_a_backlog(fake_vllm, serve_weig
         async with hub.subscribe("m") as sub:
             first = await sub.next()
             for q in range(1, changes + 1):
-                version = pool.snapshot.version
+                version = pool.view.version
                 b.page = vllm_page(waiting=q % 5)
-                while pool.snapshot.version == version:
+                while pool.view.version == version:
                     await asyncio.sleep(0.01)
                 await asyncio.sleep(0.05)  # the ticker's poll
             latest = await sub.next()
             return first.snapshot_version, latest.snapshot_version, \
-                pool.snapshot.version, sub.skipped
+                pool.view.version, sub.skipped
 
     first, latest, current, skipped = asyncio.run_coroutine_threadsafe(
         slow_reader(6), svc.loop).result(timeout=20)

@@ -14,10 +14,10 @@ def test_a_small_run_measures_wasm_and_python_per_size():
 
 def test_python_and_wasm_policies_pick_the_same_endpoints():
     """The Python twins score like the WASM modules, so the comparison is fair."""
-    pool = pick.synthetic_pool(64)
+    view = pick.synthetic_view(64)
     with Runtime() as rt:
-        wasm = Scheduler(lambda: pool, pick.wasm_policies(rt))
-        py = Scheduler(lambda: pool, pick.python_policies())
+        wasm = Scheduler(lambda: view, pick.wasm_policies(rt))
+        py = Scheduler(lambda: view, pick.python_policies())
         for r in pick.request_stream(200):
             a, b = wasm.schedule(r, explain=True), py.schedule(r, explain=True)
             assert a.endpoint == b.endpoint, r.request_id

@@ -10,7 +10,7 @@ import pytest
 from epick import abi
 from epick.bench import quality
 from epick.bench.kvsim import SimKvCounts, windowed_hit_rates
-from epick.interfaces import Capabilities, Cycle, PoolSnapshot
+from epick.interfaces import Capabilities, Cycle, PoolView
 from epick.kv.events import AllBlocksCleared, KVEventBatch
 from epick.kv.hashing import BlockHasher
 from epick.sim.config import DEFAULT_CONFIG
@@ -65,7 +65,7 @@ def test_the_policy_sees_the_counts_in_its_score_input():
     rec = Recorder()
     snap = abi.Snapshot(version=1, endpoints=(abi.EndpointMetrics(address="a:1", block_size=16),
                                               abi.EndpointMetrics(address="b:1", block_size=16)))
-    cycle = Cycle(pool=PoolSnapshot.build(snap), request=abi.Request(prompt=PROMPT), kv=kv)
+    cycle = Cycle(view=PoolView.build(snap), request=abi.Request(prompt=PROMPT), kv=kv)
     rec.score(cycle, (1, 0))
     got = rec.seen[-1]
     assert got.candidates == (1, 0)
@@ -75,7 +75,7 @@ def test_the_policy_sees_the_counts_in_its_score_input():
     # CLOCK_ORIGIN + t): the stamp reaches the policy on the bench's clock (virtual ms)
     kv.on_batch("a:1", 1, KVEventBatch(ts=CLOCK_ORIGIN + 2.5, events=[AllBlocksCleared()],
                                        data_parallel_rank=0))
-    cycle = Cycle(pool=PoolSnapshot.build(snap), request=abi.Request(prompt=PROMPT), kv=kv)
+    cycle = Cycle(view=PoolView.build(snap), request=abi.Request(prompt=PROMPT), kv=kv)
     rec.score(cycle, (1, 0))
     got = rec.seen[-1]
     assert got.prefix_matched == (-1, 0) and got.prefix_cleared_ms == (0, 2500)

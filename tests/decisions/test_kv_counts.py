@@ -47,28 +47,26 @@ def test_records_carry_the_counts_and_replay_feeds_them_back(tmp_path, runtime, 
     for d in decisions:
         assert len(d.prefix_blocks) == len(d.prefix_matched) == len(d.candidates)
         assert d.prefix_cleared_ms == tuple(1_700_000_000_000 + 7 * i for i in d.candidates)
-    import sys
-
-    replay_mod = sys.modules["epick.decisions.replay"]  # the package re-exports the function
+    from epick.decisions.replay import standins
 
     given = []
-    real_counts = replay_mod._RecordedKv.counts
+    real_counts = standins.RecordedKv.counts
 
     def spy(self, request, endpoints, candidates):
         got = real_counts(self, request, endpoints, candidates)
         given.append((request.request_id, got))
         return got
 
-    monkeypatch.setattr(replay_mod._RecordedKv, "counts", spy)
+    monkeypatch.setattr(standins.RecordedKv, "counts", spy)
     cleared_given = []
-    real_cleared = replay_mod._RecordedKv.cleared
+    real_cleared = standins.RecordedKv.cleared
 
     def spy_cleared(self, endpoints, candidates):
         got = real_cleared(self, endpoints, candidates)
         cleared_given.append(got)
         return got
 
-    monkeypatch.setattr(replay_mod._RecordedKv, "cleared", spy_cleared)
+    monkeypatch.setattr(standins.RecordedKv, "cleared", spy_cleared)
     calls_before = seam.calls
     r = replay([tmp_path / "d.log"], runtime=runtime)
     assert r.decisions == len(decisions) and r.agreement == 1.0

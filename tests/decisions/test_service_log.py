@@ -28,12 +28,12 @@ def test_a_served_run_is_logged_and_replays_to_the_same_picks(tmp_path, fake_vll
     with running(config) as svc:
         for i in range(40):
             if i == 20:  # the pool changes mid-run: a second snapshot version
-                first = svc.service.pool.snapshot.version
+                first = svc.service.pool.view.version
                 servers[2].page = vllm_page(waiting=9, running_adapters="sql", max_lora=2)
                 # wait for the scrape (a busy machine may take long): the picks after it
                 # must see the new version
                 deadline = time.monotonic() + 30
-                while (svc.service.pool.snapshot.version == first
+                while (svc.service.pool.view.version == first
                        and time.monotonic() < deadline):
                     time.sleep(0.02)
             r = svc.picker.Pick(pb.PickRequest(

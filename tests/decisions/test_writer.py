@@ -12,7 +12,7 @@ import pytest
 
 from epick import abi, telemetry
 from epick.decisions import DecisionLog, read_file, replay, schema, segments
-from epick.interfaces import PoolSnapshot
+from epick.interfaces import PoolView
 from epick.runtime import WasmPolicy
 from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler
@@ -30,19 +30,19 @@ def scheduler(runtime):
     mod = runtime.compile(resolve_module("load").read_bytes(), name="load")
     box = {"version": 0}
 
-    def pool():
-        # A new snapshot every 10 picks, as a scraped pool changes.
+    def view():
+        # A new snapshot every 10 picks, as a scraped pool's view changes.
         box["n"] = box.get("n", 0) + 1
         if box["n"] % 10 == 1:
             box["version"] += 1
-            box["pool"] = PoolSnapshot.build(abi.Snapshot(
+            box["view"] = PoolView.build(abi.Snapshot(
                 version=box["version"], timestamp_ms=1_700_000_000_000 + box["version"],
                 endpoints=tuple(abi.EndpointMetrics(address=f"10.0.0.{i}:8000",
                                                     waiting=(i * box["version"]) % 7)
                                 for i in range(4))))
-        return box["pool"]
+        return box["view"]
 
-    s = Scheduler(pool, PolicySet.of(PolicyEntry("load", WasmPolicy(mod, name="load"))))
+    s = Scheduler(view, PolicySet.of(PolicyEntry("load", WasmPolicy(mod, name="load"))))
     yield s
     for e in s.policies.entries:
         e.plugin.close()
@@ -213,9 +213,9 @@ def test_live_checkpoints_and_recoveries_are_mirrored_by_the_replay(tmp_path, ru
 
     mod = runtime.compile(resolve_module("prefix-cache").read_bytes(), name="prefix-cache")
     prefix = WasmPolicy(mod, name="prefix-cache", checkpoint_on_hooks=False)
-    pool = PoolSnapshot.build(abi.Snapshot(version=1, timestamp_ms=1, endpoints=tuple(
+    view = PoolView.build(abi.Snapshot(version=1, timestamp_ms=1, endpoints=tuple(
         abi.EndpointMetrics(address=f"10.0.0.{i}:8000") for i in range(4))))
-    s = Scheduler(lambda: pool, PolicySet.of(PolicyEntry("prefix-cache", prefix)))
+    s = Scheduler(lambda: view, PolicySet.of(PolicyEntry("prefix-cache", prefix)))
     path = tmp_path / "d.log"
     log = DecisionLog(path, flush_interval_s=0.005).attach(s).start()
 
@@ -289,9 +289,9 @@ def test_a_recovery_inside_a_call_is_mirrored_at_that_stage(tmp_path, runtime, p
 
     mod = runtime.compile(resolve_module(policy).read_bytes(), name=policy)
     plugin = RecoversOnce(mod, name=policy, checkpoint_on_hooks=False)
-    pool = PoolSnapshot.build(abi.Snapshot(version=1, timestamp_ms=1, endpoints=tuple(
+    view = PoolView.build(abi.Snapshot(version=1, timestamp_ms=1, endpoints=tuple(
         abi.EndpointMetrics(address=f"10.0.0.{i}:8000", max_lora=2) for i in range(4))))
-    s = Scheduler(lambda: pool, PolicySet.of(PolicyEntry(policy, plugin)))
+    s = Scheduler(lambda: view, PolicySet.of(PolicyEntry(policy, plugin)))
     path = tmp_path / "d.log"
     log = DecisionLog(path, flush_interval_s=0.005).attach(s).start()
     open_ids = []

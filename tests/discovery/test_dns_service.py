@@ -71,7 +71,7 @@ def test_a_records_added_and_removed_change_the_pool_without_a_restart(tmp_path)
             dns.reload()
             wait_for(lambda: fresh(svc) == {first, second}, what="the added record scraped")
             wait_for(lambda: candidates(svc) == {first, second}, what="Pick sees both")
-            info = svc.call(lambda: svc.service.pool.snapshot.info)
+            info = svc.call(lambda: svc.service.pool.view.info)
             assert {lbl for i in info for lbl in i.labels} == {("found-by", "dns")}
 
             dns.set_hosts({"fleet.test": ["127.0.0.3"]})

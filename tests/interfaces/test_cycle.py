@@ -5,13 +5,13 @@ from __future__ import annotations
 import msgspec
 
 from epick import abi
-from epick.interfaces import Cycle, PoolSnapshot
+from epick.interfaces import Cycle, PoolView
 
 REQ = abi.Request(request_id="r1", model="m", prompt="hello")
 
 
-def pool(n: int = 3) -> PoolSnapshot:
-    return PoolSnapshot.build(abi.Snapshot(version=4, endpoints=tuple(
+def pool_view(n: int = 3) -> PoolView:
+    return PoolView.build(abi.Snapshot(version=4, endpoints=tuple(
         abi.EndpointMetrics(address=f"10.0.0.{i}:8000", running=i) for i in range(n))))
 
 
@@ -48,19 +48,19 @@ def decode(blob: bytes) -> abi.ScoreInput:
 
 
 def test_score_input_carries_the_request_candidates_and_inline_snapshot():
-    p = pool()
-    got = decode(Cycle(pool=p, request=REQ).score_input((0, 2), inline_snapshot=True))
+    p = pool_view()
+    got = decode(Cycle(view=p, request=REQ).score_input((0, 2), inline_snapshot=True))
     assert got.request == REQ and got.candidates == (0, 2) and got.snapshot == p.snapshot
     assert got.in_flight == () and got.prefix_blocks == () and got.prefix_cleared_ms == ()
 
 
 def test_a_resident_snapshot_policy_gets_no_snapshot_in_its_input():
-    got = decode(Cycle(pool=pool(), request=REQ).score_input((0,), inline_snapshot=False))
+    got = decode(Cycle(view=pool_view(), request=REQ).score_input((0,), inline_snapshot=False))
     assert got.snapshot is None and got.candidates == (0,)
 
 
 def test_score_input_is_encoded_once_per_candidates_and_mode():
-    c = Cycle(pool=pool(), request=REQ, assignments=Assigned(), kv=Kv())
+    c = Cycle(view=pool_view(), request=REQ, assignments=Assigned(), kv=Kv())
     first = c.score_input((0, 1), inline_snapshot=False)
     assert c.score_input((0, 1), inline_snapshot=False) is first
     assert c.score_input((0, 1), inline_snapshot=True) is not first
@@ -70,7 +70,7 @@ def test_score_input_is_encoded_once_per_candidates_and_mode():
 
 def test_assignments_are_read_once_per_candidates_and_frozen_for_the_cycle():
     view = Assigned()
-    c = Cycle(pool=pool(), request=REQ, assignments=view)
+    c = Cycle(view=pool_view(), request=REQ, assignments=view)
     assert c.assigned((0, 1, 2)) == ((10, 11, 12), (1, 1, 1))
     assert c.assigned((0, 1, 2)) == ((10, 11, 12), (1, 1, 1))
     assert c.assigned((2,)) == ((12,), (1,))
@@ -81,26 +81,26 @@ def test_assignments_are_read_once_per_candidates_and_frozen_for_the_cycle():
 
 
 def test_no_or_empty_assignments_give_empty_counts_without_asking():
-    assert Cycle(pool=pool(), request=REQ).assigned((0,)) == ((), ())
+    assert Cycle(view=pool_view(), request=REQ).assigned((0,)) == ((), ())
     empty = Assigned(empty=True)
-    assert Cycle(pool=pool(), request=REQ, assignments=empty).assigned((0,)) == ((), ())
+    assert Cycle(view=pool_view(), request=REQ, assignments=empty).assigned((0,)) == ((), ())
     assert empty.calls == []
 
 
 def test_kv_counts_and_clears_fill_the_prefix_fields_when_kv_events_are_on():
-    got = decode(Cycle(pool=pool(), request=REQ, kv=Kv()).score_input(
+    got = decode(Cycle(view=pool_view(), request=REQ, kv=Kv()).score_input(
         (0, 2), inline_snapshot=False))
     assert got.prefix_blocks == (4, 4) and got.prefix_matched == (0, 2)
     assert got.prefix_cleared_ms == (1000, 1002)
 
 
 def test_kv_off_leaves_the_prefix_fields_empty():
-    c = Cycle(pool=pool(), request=REQ)
+    c = Cycle(view=pool_view(), request=REQ)
     assert c.kv_counts((0, 1)) == ((), ()) and c.kv_cleared((0, 1)) == ()
 
 
 def test_pre_request_input_is_encoded_once_per_endpoint_and_time():
-    c = Cycle(pool=pool(), request=REQ)
+    c = Cycle(view=pool_view(), request=REQ)
     blob = c.pre_request_input("10.0.0.1:8000", 55)
     assert c.pre_request_input("10.0.0.1:8000", 55) is blob
     ev = msgspec.msgpack.decode(blob, type=abi.PreRequestEvent)

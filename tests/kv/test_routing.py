@@ -15,7 +15,7 @@ from vllm_publisher import Publisher
 from epick import abi
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 from epick.config import ConfigError, loads
-from epick.interfaces import Cycle, PoolSnapshot
+from epick.interfaces import Cycle, PoolView
 from epick.kv.events import BlockStored, KVEventBatch, decode_batch, encode_batch
 from epick.kv.hashing import BlockHasher
 from epick.kv.index import KvIndex
@@ -69,15 +69,15 @@ def test_lora_paths_per_endpoint_win():
 
 def test_score_input_carries_the_counts_and_nothing_when_off():
     snap = abi.Snapshot(endpoints=(ep("a:1"), ep("b:1")))
-    pool = PoolSnapshot.build(snap)
+    view = PoolView.build(snap)
     req = abi.Request(prompt="y" * 300)
-    off = Cycle(pool=pool, request=req)
+    off = Cycle(view=view, request=req)
     got = msgspec.msgpack.decode(off.score_input((0, 1), inline_snapshot=False),
                                  type=abi.ScoreInput)
     assert got.prefix_blocks == () and got.prefix_matched == ()
     idx = KvIndex(100)
     idx.clear("a:1")
-    on = Cycle(pool=pool, request=req, kv=KvRouting(idx, BytesTokenizer(), BlockHasher()))
+    on = Cycle(view=view, request=req, kv=KvRouting(idx, BytesTokenizer(), BlockHasher()))
     got = msgspec.msgpack.decode(on.score_input((0, 1), inline_snapshot=False),
                                  type=abi.ScoreInput)
     assert got.prefix_blocks == (2, 2) and got.prefix_matched == (0, -1)

@@ -1,7 +1,10 @@
-"""Pool against real HTTP servers: readiness, staleness, membership, rebuild coalescing.
+"""Pool: readiness, staleness, membership, rebuild coalescing.
 
-Freshness runs on an injected FakeClock, so nothing here sleeps through a stale_after;
-the short real waits are the scrape interval (10 ms) doing its work.
+The pool's logic is tested through its reader seam on engines in memory (``engine``,
+``source="memory"``); the tests marked ``over_http`` run again against real HTTP servers,
+read on the loop and by the worker process. Freshness runs on an injected FakeClock, so
+nothing here sleeps through a stale_after; the short real waits are the scrape interval
+(10 ms) doing its work.
 """
 
 from __future__ import annotations
@@ -12,28 +15,43 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
-from fakes import FakeClock, FakeVLLM, vllm_page
+from fakes import FakeClock, FakeVLLM, MemoryEngine, MemoryReader, vllm_page
 
 from epick import telemetry
-from epick.pool import EndpointSpec, Pool
-from epick.pool.pool import SCRAPE_IN
+from epick.pool import SCRAPE_IN, EndpointSpec, Pool, reader_for
 
 INTERVAL_MS = 10
 
-#: Pool arguments every test here gets; ``scrape_in`` below runs each test both ways.
+#: How the pool under test reads: ``DEFAULTS["reader"]()`` is a new reader (set by
+#: ``engine`` below for the test's source).
 DEFAULTS: dict[str, object] = {}
 
+#: A test about reading itself also runs over real HTTP, on the loop and in the worker.
+over_http = pytest.mark.parametrize("source", ["memory", *SCRAPE_IN], indirect=True)
 
-@pytest.fixture(autouse=True, params=SCRAPE_IN)
-def scrape_in(request, monkeypatch) -> str:
-    """Every test runs with pages read on the loop and read by the worker process."""
-    monkeypatch.setitem(DEFAULTS, "scrape_in", request.param)
+
+@pytest.fixture(params=["memory"])
+def source(request) -> str:
     return request.param
 
 
-def make_pool(servers: list[FakeVLLM], clock: FakeClock, **kw) -> Pool:
-    for key, value in DEFAULTS.items():
-        kw.setdefault(key, value)
+@pytest.fixture
+def engine(source, fake_vllm, monkeypatch):
+    """Factory of engines to scrape: ``engine(page=None)``, in memory or a real server."""
+    if source == "memory":
+        reader = MemoryReader()
+        monkeypatch.setitem(DEFAULTS, "reader", lambda: reader)
+        return reader.engine
+    monkeypatch.setitem(DEFAULTS, "reader", lambda: reader_for(source))
+    return fake_vllm
+
+
+Engine = FakeVLLM | MemoryEngine
+
+
+def make_pool(servers: list[Engine], clock: FakeClock, **kw) -> Pool:
+    if "reader" not in kw:
+        kw["reader"] = DEFAULTS["reader"]()
     kw.setdefault("scrape_interval_ms", INTERVAL_MS)
     kw.setdefault("stale_after_ms", 1000)
     kw.setdefault("timeout_ms", 2000)
@@ -57,18 +75,18 @@ async def eventually(predicate: Callable[[], bool], timeout: float = 3.0) -> Non
             await anyio.sleep(0.002)
 
 
-async def hits_grow_by(server: FakeVLLM, n: int) -> None:
+async def hits_grow_by(server: Engine, n: int) -> None:
     target = server.hits + n
     await eventually(lambda: server.hits >= target)
 
 
-def status_of(pool: Pool, server: FakeVLLM):
+def status_of(pool: Pool, server: Engine):
     return next(s for s in pool.status() if s.address == server.address)
 
 
-def metrics_of(pool: Pool, server: FakeVLLM):
-    snap = pool.snapshot
-    for metrics, info in zip(snap.snapshot.endpoints, snap.info):
+def metrics_of(pool: Pool, server: Engine):
+    view = pool.view
+    for metrics, info in zip(view.snapshot.endpoints, view.info):
         if metrics.address == server.address:
             return metrics, info
     return None
@@ -81,33 +99,35 @@ def sample(name: str, **labels: str) -> float:
 # --- readiness ----------------------------------------------------------------------
 
 
-async def test_snapshot_is_empty_and_pool_not_ready_before_run(fake_vllm, fake_clock):
-    pool = make_pool([fake_vllm()], fake_clock)
-    assert pool.snapshot.version == 0
-    assert pool.snapshot.snapshot.endpoints == ()
+async def test_snapshot_is_empty_and_pool_not_ready_before_run(engine, fake_clock):
+    pool = make_pool([engine()], fake_clock)
+    assert pool.view.version == 0
+    assert pool.view.snapshot.endpoints == ()
     assert not pool.ready()
 
 
+@over_http
 async def test_started_comes_after_the_first_round_with_its_metrics_published(
-    fake_vllm, fake_clock
+    engine, fake_clock
 ):
-    server = fake_vllm(vllm_page(waiting=3, running=2, kv=0.5))
+    server = engine(vllm_page(waiting=3, running=2, kv=0.5))
     pool = make_pool([server], fake_clock)
     async with running(pool):
         assert server.hits >= 1
-        snap = pool.snapshot
-        assert snap.version == 1
-        assert [(m.address, m.waiting, m.running, m.kv_usage) for m in snap.snapshot.endpoints] == [
+        view = pool.view
+        assert view.version == 1
+        assert [(m.address, m.waiting, m.running, m.kv_usage) for m in view.snapshot.endpoints] == [
             (server.address, 3, 2, 0.5)
         ]
-        assert snap.info[0].fresh
+        assert view.info[0].fresh
         assert pool.ready()
 
 
+@over_http
 async def test_first_round_waits_for_a_hung_endpoint_only_as_long_as_the_timeout(
-    fake_vllm, fake_clock
+    engine, fake_clock
 ):
-    good, hung = fake_vllm(), fake_vllm()
+    good, hung = engine(), engine()
     hung.hang = True
     before = sample("epick_scrape_errors_total", endpoint=hung.address, reason="timeout")
     pool = make_pool([good, hung], fake_clock, timeout_ms=200)
@@ -118,13 +138,13 @@ async def test_first_round_waits_for_a_hung_endpoint_only_as_long_as_the_timeout
             assert hung_status.failures == 1
             assert hung_status.last_error == f"{hung.url}: no answer within 200 ms"
             assert hung_status.last_success_age_ms is None
-            assert [m.address for m in pool.snapshot.snapshot.endpoints] == [good.address]
+            assert [m.address for m in pool.view.snapshot.endpoints] == [good.address]
     after = sample("epick_scrape_errors_total", endpoint=hung.address, reason="timeout")
     assert after == before + 1
 
 
-async def test_a_hung_endpoint_does_not_hold_up_the_others(fake_vllm, fake_clock):
-    good, slow = fake_vllm(vllm_page(waiting=1)), fake_vllm()
+async def test_a_hung_endpoint_does_not_hold_up_the_others(engine, fake_clock):
+    good, slow = engine(vllm_page(waiting=1)), engine()
     pool = make_pool([good, slow], fake_clock, timeout_ms=30_000)
     async with running(pool):
         slow.hang = True
@@ -136,14 +156,14 @@ async def test_a_hung_endpoint_does_not_hold_up_the_others(fake_vllm, fake_clock
         slow.hang = False
 
 
-async def test_a_round_spreads_its_wake_ups_over_half_the_interval(fake_vllm, fake_clock):
+async def test_a_round_spreads_its_wake_ups_over_half_the_interval(engine, fake_clock):
     """After the first round, a round's scrapes do not all start at once: they go out a
     group at a time over half the interval, so their answers reach the loop spread out
     (a pick never waits behind the whole round). Only lower bounds on time: a busy
     machine can only spread them more."""
     from epick.pool.pool import SPREAD, SPREAD_SLOTS
 
-    servers = [fake_vllm() for _ in range(16)]
+    servers = [engine() for _ in range(16)]
     done: list[tuple[str, float]] = []
     interval_ms = 400
     pool = make_pool(servers, fake_clock, scrape_interval_ms=interval_ms,
@@ -163,36 +183,36 @@ async def test_a_round_spreads_its_wake_ups_over_half_the_interval(fake_vllm, fa
 # --- rebuilds -----------------------------------------------------------------------
 
 
-async def test_snapshot_is_not_rebuilt_while_nothing_changes(fake_vllm, fake_clock):
-    server = fake_vllm(vllm_page(waiting=3))
+async def test_snapshot_is_not_rebuilt_while_nothing_changes(engine, fake_clock):
+    server = engine(vllm_page(waiting=3))
     pool = make_pool([server], fake_clock)
     async with running(pool):
-        first = pool.snapshot
+        first = pool.view
         rebuilds = sample("epick_snapshot_rebuilds_total")
         await hits_grow_by(server, 10)
-        assert pool.snapshot is first
+        assert pool.view is first
         assert sample("epick_snapshot_rebuilds_total") == rebuilds
 
 
-async def test_a_changed_value_rebuilds_the_snapshot_once(fake_vllm, fake_clock):
-    server = fake_vllm(vllm_page(waiting=3))
+async def test_a_changed_value_rebuilds_the_snapshot_once(engine, fake_clock):
+    server = engine(vllm_page(waiting=3))
     pool = make_pool([server], fake_clock)
     async with running(pool):
-        version = pool.snapshot.version
+        version = pool.view.version
         server.page = vllm_page(waiting=9)
-        await eventually(lambda: pool.snapshot.snapshot.endpoints[0].waiting == 9)
+        await eventually(lambda: pool.view.snapshot.endpoints[0].waiting == 9)
         await hits_grow_by(server, 5)
-        assert pool.snapshot.version == version + 1
+        assert pool.view.version == version + 1
 
 
-async def test_snapshot_keeps_spec_order_and_stamps_wall_clock_ms(fake_vllm, fake_clock):
-    servers = [fake_vllm(vllm_page(waiting=i)) for i in range(3)]
+async def test_snapshot_keeps_spec_order_and_stamps_wall_clock_ms(engine, fake_clock):
+    servers = [engine(vllm_page(waiting=i)) for i in range(3)]
     pool = make_pool(servers, fake_clock, wall_clock=lambda: 1_700_000_000.1234)
     async with running(pool):
-        snap = pool.snapshot
-        assert [m.address for m in snap.snapshot.endpoints] == [s.address for s in servers]
-        assert [m.waiting for m in snap.snapshot.endpoints] == [0, 1, 2]
-        assert snap.snapshot.timestamp_ms == 1_700_000_000_123
+        view = pool.view
+        assert [m.address for m in view.snapshot.endpoints] == [s.address for s in servers]
+        assert [m.waiting for m in view.snapshot.endpoints] == [0, 1, 2]
+        assert view.snapshot.timestamp_ms == 1_700_000_000_123
         assert sample("epick_snapshot_endpoints") == 3
 
 
@@ -208,14 +228,15 @@ async def test_snapshot_keeps_spec_order_and_stamps_wall_clock_ms(fake_vllm, fak
     ],
     ids=["garbage-page", "http-500"],
 )
+@over_http
 async def test_a_failing_endpoint_keeps_its_last_values_until_stale_after(
-    fake_vllm, fake_clock, breakage, reason, message
+    engine, fake_clock, breakage, reason, message
 ):
-    server = fake_vllm(vllm_page(waiting=4, kv=0.25))
+    server = engine(vllm_page(waiting=4, kv=0.25))
     errors = sample("epick_scrape_errors_total", endpoint=server.address, reason=reason)
     pool = make_pool([server], fake_clock, stale_after_ms=1000)
     async with running(pool):
-        good = pool.snapshot.snapshot.endpoints[0]
+        good = pool.view.snapshot.endpoints[0]
         if breakage == "garbage":
             server.page = "<html><body>oops</body></html>"
         else:
@@ -226,32 +247,33 @@ async def test_a_failing_endpoint_keeps_its_last_values_until_stale_after(
 
         fake_clock.advance(0.999)  # not yet older than stale_after
         await hits_grow_by(server, 1)
-        assert pool.snapshot.snapshot.endpoints == (good,)
-        assert pool.snapshot.info[0].fresh
+        assert pool.view.snapshot.endpoints == (good,)
+        assert pool.view.info[0].fresh
 
         fake_clock.advance(0.002)  # now it is: the next tick flips it, no scrape needed
-        await eventually(lambda: not pool.snapshot.info[0].fresh)
-        assert pool.snapshot.snapshot.endpoints == (good,)  # last good values kept
+        await eventually(lambda: not pool.view.info[0].fresh)
+        assert pool.view.snapshot.endpoints == (good,)  # last good values kept
         assert not pool.ready()
         assert sample("epick_endpoint_fresh", endpoint=server.address) == 0
 
 
-async def test_recovery_after_stale_makes_the_endpoint_fresh_again(fake_vllm, fake_clock):
-    server = fake_vllm(vllm_page(waiting=4))
+async def test_recovery_after_stale_makes_the_endpoint_fresh_again(engine, fake_clock):
+    server = engine(vllm_page(waiting=4))
     pool = make_pool([server], fake_clock, stale_after_ms=1000)
     async with running(pool):
         server.status = 500
         await eventually(lambda: status_of(pool, server).failures >= 1)
         fake_clock.advance(2)
-        await eventually(lambda: not pool.snapshot.info[0].fresh)
+        await eventually(lambda: not pool.view.info[0].fresh)
         server.status, server.page = 200, vllm_page(waiting=5)
-        await eventually(lambda: pool.snapshot.info[0].fresh, timeout=5)  # within the back-off
-        assert pool.snapshot.snapshot.endpoints[0].waiting == 5
+        await eventually(lambda: pool.view.info[0].fresh, timeout=5)  # within the back-off
+        assert pool.view.snapshot.endpoints[0].waiting == 5
         assert status_of(pool, server).failures == 0
 
 
-async def test_a_killed_server_goes_stale_while_the_others_stay_fresh(fake_vllm, fake_clock):
-    alive, killed = fake_vllm(), fake_vllm()
+@over_http
+async def test_a_killed_server_goes_stale_while_the_others_stay_fresh(engine, fake_clock):
+    alive, killed = engine(), engine()
     pool = make_pool([alive, killed], fake_clock, stale_after_ms=1000)
     async with running(pool):
         killed.stop()
@@ -265,21 +287,21 @@ async def test_a_killed_server_goes_stale_while_the_others_stay_fresh(fake_vllm,
         assert [s.fresh for s in pool.status()] == [True, False]
 
 
-async def test_an_endpoint_that_never_answered_is_not_in_the_snapshot(fake_vllm, fake_clock):
-    alive, dead = fake_vllm(), fake_vllm()
+async def test_an_endpoint_that_never_answered_is_not_in_the_snapshot(engine, fake_clock):
+    alive, dead = engine(), engine()
     dead.stop()
     pool = make_pool([alive, dead], fake_clock)
     async with running(pool):
-        assert [m.address for m in pool.snapshot.snapshot.endpoints] == [alive.address]
+        assert [m.address for m in pool.view.snapshot.endpoints] == [alive.address]
         status = status_of(pool, dead)
         assert (status.fresh, status.last_success_age_ms, status.failures) == (False, None, 1)
 
 
 async def test_failures_back_off_and_are_logged_with_endpoint_and_delay(
-    fake_vllm, fake_clock, caplog
+    engine, fake_clock, caplog
 ):
     caplog.set_level(logging.INFO, logger="epick.pool")
-    server = fake_vllm()
+    server = engine()
     pool = make_pool([server], fake_clock)
     async with running(pool):
         server.status = 500
@@ -304,27 +326,28 @@ async def test_failures_back_off_and_are_logged_with_endpoint_and_delay(
 # --- membership ---------------------------------------------------------------------
 
 
-async def test_set_endpoints_adds_without_disturbing_existing_ones(fake_vllm, fake_clock):
-    a, b = fake_vllm(vllm_page(waiting=1)), fake_vllm(vllm_page(waiting=2))
+async def test_set_endpoints_adds_without_disturbing_existing_ones(engine, fake_clock):
+    a, b = engine(vllm_page(waiting=1)), engine(vllm_page(waiting=2))
     pool = make_pool([a], fake_clock)
     async with running(pool):
-        a_metrics = pool.snapshot.snapshot.endpoints[0]
+        a_metrics = pool.view.snapshot.endpoints[0]
         pool.set_endpoints([EndpointSpec(address=a.address), EndpointSpec(address=b.address)])
-        await eventually(lambda: len(pool.snapshot.snapshot.endpoints) == 2)
-        endpoints = pool.snapshot.snapshot.endpoints
+        await eventually(lambda: len(pool.view.snapshot.endpoints) == 2)
+        endpoints = pool.view.snapshot.endpoints
         assert endpoints[0] is a_metrics  # unchanged endpoint kept its state
         assert (endpoints[1].address, endpoints[1].waiting) == (b.address, 2)
 
 
-async def test_set_endpoints_removes_at_once_and_stops_scraping(fake_vllm, fake_clock):
-    a, b = fake_vllm(), fake_vllm()
+@over_http
+async def test_set_endpoints_removes_at_once_and_stops_scraping(engine, fake_clock):
+    a, b = engine(), engine()
     pool = make_pool([a, b], fake_clock)
     async with running(pool):
-        version = pool.snapshot.version
+        version = pool.view.version
         pool.set_endpoints([EndpointSpec(address=b.address)])
         # Visible right away, not after the next round.
-        assert [m.address for m in pool.snapshot.snapshot.endpoints] == [b.address]
-        assert pool.snapshot.version == version + 1
+        assert [m.address for m in pool.view.snapshot.endpoints] == [b.address]
+        assert pool.view.version == version + 1
         assert [s.address for s in pool.status()] == [b.address]
         assert telemetry.REGISTRY.get_sample_value(
             "epick_endpoint_fresh", {"endpoint": a.address}
@@ -333,32 +356,44 @@ async def test_set_endpoints_removes_at_once_and_stops_scraping(fake_vllm, fake_
         hits = a.hits
         await hits_grow_by(b, 5)
         assert a.hits == hits
-        assert [m.address for m in pool.snapshot.snapshot.endpoints] == [b.address]
+        assert [m.address for m in pool.view.snapshot.endpoints] == [b.address]
+
+
+async def test_the_pool_owns_its_readers_run_and_tells_it_who_left(fake_clock):
+    reader = MemoryReader()
+    a, b = reader.engine(), reader.engine()
+    pool = make_pool([a, b], fake_clock, reader=reader)
+    assert pool.reader is reader and not reader.running
+    async with running(pool):
+        assert reader.running
+        pool.set_endpoints([EndpointSpec(address=b.address)])
+        assert reader.forgotten == [a.address]
+    assert not reader.running  # Pool.run ended: so did the reader's
 
 
 async def test_set_endpoints_with_new_labels_keeps_metrics_and_republishes(
-    fake_vllm, fake_clock
+    engine, fake_clock
 ):
-    server = fake_vllm(vllm_page(waiting=6))
+    server = engine(vllm_page(waiting=6))
     pool = make_pool([server], fake_clock)
     async with running(pool):
-        before = pool.snapshot
+        before = pool.view
         pool.set_endpoints(
             [EndpointSpec(address=server.address, labels={"zone": "b"}, models=["llama"])]
         )
-        after = pool.snapshot
+        after = pool.view
         assert after.version == before.version + 1
         assert after.snapshot.endpoints == before.snapshot.endpoints
         assert after.info[0].labels == (("zone", "b"),)
         assert after.info[0].models == frozenset({"llama"})
 
 
-async def test_set_endpoints_before_run_is_used_by_run(fake_vllm, fake_clock):
-    a, b = fake_vllm(), fake_vllm()
+async def test_set_endpoints_before_run_is_used_by_run(engine, fake_clock):
+    a, b = engine(), engine()
     pool = make_pool([a], fake_clock)
     pool.set_endpoints([EndpointSpec(address=b.address)])
     async with running(pool):
-        assert [m.address for m in pool.snapshot.snapshot.endpoints] == [b.address]
+        assert [m.address for m in pool.view.snapshot.endpoints] == [b.address]
     assert a.hits == 0
 
 
@@ -379,8 +414,8 @@ def test_pool_timings_must_be_positive(name):
     assert str(info.value) == f"Pool {name} must be a number > 0, got 0"
 
 
-async def test_run_twice_at_once_is_refused(fake_vllm, fake_clock):
-    pool = make_pool([fake_vllm()], fake_clock)
+async def test_run_twice_at_once_is_refused(engine, fake_clock):
+    pool = make_pool([engine()], fake_clock)
     async with running(pool):
         with pytest.raises(RuntimeError, match="Pool.run is already running"):
             await pool.run()
@@ -389,16 +424,18 @@ async def test_run_twice_at_once_is_refused(fake_vllm, fake_clock):
 # --- engines and URLs -------------------------------------------------------------------
 
 
+@over_http
 async def test_the_spec_engine_and_metrics_url_are_used_and_the_address_is_the_identity(
-    fake_vllm, fake_clock
+    engine, fake_clock
 ):
-    sglang = fake_vllm(
+    sglang = engine(
         "sglang:num_queue_reqs 4\nsglang:num_running_reqs 1\nsglang:token_usage 0.5\n"
     )
     spec = EndpointSpec(address="pod-a:30000", metrics_url=sglang.url, engine="sglang")
-    pool = Pool([spec], clock=fake_clock, scrape_interval_ms=INTERVAL_MS, **DEFAULTS)
+    pool = make_pool([], fake_clock)
+    pool.set_endpoints([spec])
     async with running(pool):
-        (metrics,) = pool.snapshot.snapshot.endpoints
+        (metrics,) = pool.view.snapshot.endpoints
         assert (metrics.address, metrics.waiting, metrics.running, metrics.kv_usage) == (
             "pod-a:30000", 4, 1, 0.5
         )
@@ -406,20 +443,20 @@ async def test_the_spec_engine_and_metrics_url_are_used_and_the_address_is_the_i
 
 
 async def test_an_endpoint_hung_for_good_still_goes_stale_on_the_next_tick(
-    fake_vllm, fake_clock
+    engine, fake_clock
 ):
-    server = fake_vllm()
+    server = engine()
     pool = make_pool([server], fake_clock, stale_after_ms=1000, timeout_ms=5000)
     async with running(pool):
         server.hang = True
         await hits_grow_by(server, 1)  # no scrape will finish for 5 s
         fake_clock.advance(1.5)
-        await eventually(lambda: not pool.snapshot.info[0].fresh, timeout=1.0)
+        await eventually(lambda: not pool.view.info[0].fresh, timeout=1.0)
         assert status_of(pool, server).failures == 0  # nothing failed yet: it just hangs
 
 
-async def test_an_endpoint_that_never_answered_is_exported_as_not_fresh(fake_vllm, fake_clock):
-    dead = fake_vllm()
+async def test_an_endpoint_that_never_answered_is_exported_as_not_fresh(engine, fake_clock):
+    dead = engine()
     dead.stop()
     # An earlier test's server may have had this port: its series are not ours.
     telemetry.forget_endpoint(dead.address)

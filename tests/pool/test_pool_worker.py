@@ -12,9 +12,10 @@ import pytest
 from fakes import FakeClock
 
 from epick import telemetry
-from epick.pool import EndpointSpec, Pool, ScrapeError
+from epick.pool import EndpointSpec, Pool, ScrapeError, reader_for
+from epick.pool.fetch import HttpReader
 from epick.pool.parse import parse_page
-from epick.pool.worker import ScrapeWorker
+from epick.pool.reader import ScrapeWorker
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -58,25 +59,24 @@ async def test_a_killed_worker_is_replaced_and_the_endpoint_keeps_its_metrics(fa
     server = fake_vllm(open(FIXTURES / "vllm_busy_deferred.txt").read())
     clock = FakeClock()
     pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
-                stale_after_ms=60_000, clock=clock, scrape_in="process")
-    assert pool.worker is not None
+                stale_after_ms=60_000, clock=clock, reader=ScrapeWorker())
     errors = telemetry.SCRAPE_ERRORS.labels(server.address, "worker")
     before = errors._value.get()
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        first = pool.snapshot.snapshot.endpoints
+        first = pool.view.snapshot.endpoints
         assert first and first[0].address == server.address
-        pid = pool.worker.pid
+        pid = pool.reader.pid
         server.hang = True  # a scrape is in flight in the worker when it dies
         await anyio.sleep(0.1)
         os.kill(pid, signal.SIGKILL)
-        await eventually(lambda: pool.worker.starts == 2)
+        await eventually(lambda: pool.reader.starts == 2)
         server.hang = False
         hits = server.hits
         await eventually(lambda: server.hits > hits + 3)
-        assert pool.snapshot.snapshot.endpoints[0] == first[0]  # kept, still fresh
-        assert pool.snapshot.info[0].fresh
-        assert pool.worker.pid != pid
+        assert pool.view.snapshot.endpoints[0] == first[0]  # kept, still fresh
+        assert pool.view.info[0].fresh
+        assert pool.reader.pid != pid
         tg.cancel_scope.cancel()
     assert errors._value.get() >= before + 1  # the scrape it was doing failed as "worker"
 
@@ -84,10 +84,10 @@ async def test_a_killed_worker_is_replaced_and_the_endpoint_keeps_its_metrics(fa
 async def test_stopping_the_pool_stops_the_worker(fake_vllm):
     server = fake_vllm(open(FIXTURES / "vllm_busy_deferred.txt").read())
     pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
-                scrape_in="process")
+                reader=ScrapeWorker())
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        proc = pool.worker._proc
+        proc = pool.reader._proc
         tg.cancel_scope.cancel()
     assert proc.returncode is not None  # reaped, not orphaned
 
@@ -96,13 +96,13 @@ async def test_the_worker_runs_at_the_niceness_it_was_given(fake_vllm):
     """Scraping yields the cores to picks: the child's niceness is the service's + 10."""
     server = fake_vllm(open(FIXTURES / "vllm_busy_deferred.txt").read())
     pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
-                scrape_in="process", worker_nice=10)
+                reader=ScrapeWorker(nice=10))
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        await eventually(lambda: pool.snapshot.snapshot.endpoints[0].running > 0
-                         if pool.snapshot.snapshot.endpoints else False)
+        await eventually(lambda: pool.view.snapshot.endpoints[0].running > 0
+                         if pool.view.snapshot.endpoints else False)
         ours = os.getpriority(os.PRIO_PROCESS, 0)
-        assert os.getpriority(os.PRIO_PROCESS, pool.worker.pid) == min(19, ours + 10)
+        assert os.getpriority(os.PRIO_PROCESS, pool.reader.pid) == min(19, ours + 10)
         tg.cancel_scope.cancel()
     with pytest.raises(ValueError, match="nice must be 0-19"):
         ScrapeWorker(nice=20)
@@ -113,11 +113,11 @@ async def test_the_worker_runs_on_the_cpus_it_was_given(fake_vllm):
     server = fake_vllm(open(FIXTURES / "vllm_busy_deferred.txt").read())
     one = min(os.sched_getaffinity(0))
     pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
-                scrape_in="process", worker_cpus=[one])
+                reader=ScrapeWorker(cpus=[one]))
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        await eventually(lambda: bool(pool.snapshot.snapshot.endpoints))  # it scrapes
-        assert os.sched_getaffinity(pool.worker.pid) == {one}
+        await eventually(lambda: bool(pool.view.snapshot.endpoints))  # it scrapes
+        assert os.sched_getaffinity(pool.reader.pid) == {one}
         tg.cancel_scope.cancel()
 
 
@@ -129,11 +129,11 @@ async def test_a_service_pinned_to_one_cpu_can_pin_its_worker_to_another(fake_vl
     os.sched_setaffinity(0, {serving})  # as `taskset -c 0 epick serve` would
     try:
         pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
-                    scrape_in="process", worker_cpus=[scraping])
+                    reader=ScrapeWorker(cpus=[scraping]))
         async with anyio.create_task_group() as tg:
             await tg.start(pool.run)
-            await eventually(lambda: bool(pool.snapshot.snapshot.endpoints))
-            assert os.sched_getaffinity(pool.worker.pid) == {scraping}
+            await eventually(lambda: bool(pool.view.snapshot.endpoints))
+            assert os.sched_getaffinity(pool.reader.pid) == {scraping}
             tg.cancel_scope.cancel()
     finally:
         os.sched_setaffinity(0, own)
@@ -142,17 +142,21 @@ async def test_a_service_pinned_to_one_cpu_can_pin_its_worker_to_another(fake_vl
 async def test_cpus_the_kernel_refuses_leave_the_worker_unpinned_and_scraping(fake_vllm):
     server = fake_vllm(open(FIXTURES / "vllm_busy_deferred.txt").read())
     pool = Pool([EndpointSpec(address=server.address)], scrape_interval_ms=20,
-                scrape_in="process", worker_cpus=[4096])  # no such CPU
+                reader=ScrapeWorker(cpus=[4096]))  # no such CPU
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        await eventually(lambda: bool(pool.snapshot.snapshot.endpoints))  # it still scrapes
-        assert os.sched_getaffinity(pool.worker.pid) == os.sched_getaffinity(0)
+        await eventually(lambda: bool(pool.view.snapshot.endpoints))  # it still scrapes
+        assert os.sched_getaffinity(pool.reader.pid) == os.sched_getaffinity(0)
         tg.cancel_scope.cancel()
 
 
-def test_scrape_in_must_be_loop_or_process():
+def test_scrape_in_names_the_reader_loop_or_process():
+    assert isinstance(reader_for("loop"), HttpReader)
+    worker = reader_for("process", nice=5, cpus=[0])
+    assert isinstance(worker, ScrapeWorker)
+    assert worker._command[-1].endswith("main(nice=5, cpus=[0])")  # noqa: SLF001
     with pytest.raises(ValueError, match="scrape_in must be one of"):
-        Pool([], scrape_in="thread")
+        reader_for("thread")
 
 
 async def test_a_hung_worker_is_restarted_and_its_calls_fail_as_worker_errors():

@@ -7,7 +7,7 @@ import pytest
 
 from epick import abi
 from epick.config import BUILTIN_POLICY_DIR
-from epick.interfaces import Capabilities, Cycle, PoolSnapshot
+from epick.interfaces import Capabilities, Cycle, PoolView
 from epick.runtime import WasmPolicy
 from epick.runtime.validate import synthetic_snapshot
 
@@ -18,9 +18,9 @@ BUILT = sorted(DIST.glob("*.wasm"))
 @pytest.mark.parametrize("path", BUILT, ids=lambda p: p.stem)
 def test_a_built_policy_serves_a_full_cycle(runtime, path):
     plugin = WasmPolicy(runtime.compile(path.read_bytes(), name=path.stem), {})
-    pool = PoolSnapshot.build(synthetic_snapshot(64, adapters=True))
+    view = PoolView.build(synthetic_snapshot(64, adapters=True))
     request = abi.Request(request_id="r1", model="base-model", adapter="chat-lora", prompt="p" * 200)
-    cycle = Cycle(pool=pool, request=request)
+    cycle = Cycle(view=view, request=request)
     candidates = tuple(range(64))
     if Capabilities.FILTER in plugin.capabilities:
         kept = plugin.filter(cycle, candidates)
@@ -30,11 +30,11 @@ def test_a_built_policy_serves_a_full_cycle(runtime, path):
         assert scores.shape == (64,) and np.isfinite(scores).all()
         assert ((0 <= scores) & (scores <= 1)).all()
     if Capabilities.PRE_REQUEST in plugin.capabilities:
-        plugin.pre_request(cycle, pool.snapshot.endpoints[3].address)
+        plugin.pre_request(cycle, view.snapshot.endpoints[3].address)
     if Capabilities.POST_RESPONSE in plugin.capabilities:
         plugin.post_response(
             abi.PostResponseEvent(request_id="r1", adapter="chat-lora",
-                                  endpoint=pool.snapshot.endpoints[3].address, model="base-model")
+                                  endpoint=view.snapshot.endpoints[3].address, model="base-model")
         )
     if Capabilities.STATE in plugin.capabilities:
         twin = WasmPolicy(plugin.module, {})

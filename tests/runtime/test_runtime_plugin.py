@@ -24,7 +24,7 @@ from epick.interfaces import (
     Cycle,
     FilterPlugin,
     PluginError,
-    PoolSnapshot,
+    PoolView,
     PostResponsePlugin,
     PreRequestPlugin,
     ScorePlugin,
@@ -34,9 +34,9 @@ from epick.runtime import Limits, PolicyCallError, PolicyError, Runtime, WasmPol
 LONG = "x" * 5000  # counter.wat's pre_request traps on inputs over 4000 bytes
 
 
-def cycle(n: int = 3, *, version: int = 1, pool: PoolSnapshot | None = None, prompt: str = "") -> Cycle:
-    pool = pool or PoolSnapshot.build(snapshot(n, version=version))
-    return Cycle(pool=pool, request=abi.Request(model="m", prompt=prompt))
+def cycle(n: int = 3, *, version: int = 1, view: PoolView | None = None, prompt: str = "") -> Cycle:
+    view = view or PoolView.build(snapshot(n, version=version))
+    return Cycle(view=view, request=abi.Request(model="m", prompt=prompt))
 
 
 def counter_state(policy: WasmPolicy) -> tuple[int, int]:
@@ -82,7 +82,7 @@ def test_the_snapshot_is_delivered_once_per_pool_snapshot(policy):
     plugin = policy("counter")
     first = cycle(3, version=1)
     plugin.score(first, (0, 1, 2))
-    plugin.score(cycle(pool=first.pool), (0, 2))
+    plugin.score(cycle(view=first.view), (0, 2))
     assert counter_state(plugin) == (0, 1)
     plugin.score(cycle(3, version=2), (1,))
     assert counter_state(plugin) == (0, 2)
@@ -203,7 +203,7 @@ def test_after_recovery_the_snapshot_is_delivered_again(policy):
     plugin.pre_request(c, "a")  # checkpoint: count 1, 1 snapshot
     with pytest.raises(PluginError):
         plugin.pre_request(cycle(2, prompt=LONG), "a")
-    plugin.score(c, (0, 1))  # same pool, but the new instance has not seen it
+    plugin.score(c, (0, 1))  # same view, but the new instance has not seen it
     assert counter_state(plugin) == (1, 2)
 
 
@@ -561,12 +561,12 @@ def _live_or_why(plugin: WasmPolicy) -> str:
 
 def hostile_cycle(n: int = 1) -> Cycle:
     """A cycle whose model triggers hostile.wat's score_bad."""
-    return Cycle(pool=PoolSnapshot.build(snapshot(n)), request=abi.Request(model=MODEL))
+    return Cycle(view=PoolView.build(snapshot(n)), request=abi.Request(model=MODEL))
 
 
 def _score_outcome(plugin: WasmPolicy, c: Cycle) -> str:
     try:
-        plugin.score(c, tuple(range(len(c.pool.snapshot.endpoints))))
+        plugin.score(c, tuple(range(len(c.view.snapshot.endpoints))))
     except PluginError as exc:
         return exc.kind
     return "ok"

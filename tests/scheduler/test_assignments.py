@@ -6,7 +6,7 @@ import msgspec
 
 from epick import abi
 from epick.bench.pypolicies import PyLoad
-from epick.interfaces import PoolSnapshot
+from epick.interfaces import PoolView
 from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler
 
@@ -19,13 +19,13 @@ class FakeClock:
         return self.now
 
 
-def pool() -> PoolSnapshot:
+def view() -> PoolView:
     eps = tuple(abi.EndpointMetrics(address=f"e{i}:8000") for i in range(2))
-    return PoolSnapshot.build(abi.Snapshot(version=1, timestamp_ms=1, endpoints=eps))
+    return PoolView.build(abi.Snapshot(version=1, timestamp_ms=1, endpoints=eps))
 
 
 def test_picks_count_in_flight_until_completed_and_since_scrape_until_scraped():
-    p = pool()
+    p = view()
     s = Scheduler(lambda: p, PolicySet.of(PolicyEntry("load", PyLoad())))
     a = s.schedule(abi.Request(model="m", seed=1))
     assert s.assignments.in_flight(a.endpoint) == 1
@@ -43,7 +43,7 @@ def test_picks_count_in_flight_until_completed_and_since_scrape_until_scraped():
 
 
 def test_an_expired_unreported_decision_stops_counting():
-    p, clock = pool(), FakeClock()
+    p, clock = view(), FakeClock()
     s = Scheduler(lambda: p, PolicySet.of(PolicyEntry("load", PyLoad())), clock=clock,
                   decision_ttl_s=10)
     a = s.schedule(abi.Request(model="m", seed=1))
@@ -55,13 +55,13 @@ def test_an_expired_unreported_decision_stops_counting():
 
 
 def test_policies_receive_the_counts_parallel_to_the_candidates():
-    p = pool()
+    p = view()
     s = Scheduler(lambda: p, PolicySet.of(PolicyEntry("load", PyLoad())))
     s.assignments.picked("e1:8000")
     s.assignments.picked("e1:8000")
     from epick.interfaces import Cycle
 
-    cycle = Cycle(pool=p, request=abi.Request(model="m"), assignments=s.assignments)
+    cycle = Cycle(view=p, request=abi.Request(model="m"), assignments=s.assignments)
     decoded = msgspec.msgpack.decode(cycle.score_input((1, 0), inline_snapshot=False))
     assert decoded[2:] == [[1, 0], [2, 0], [2, 0], [], [], []]
 
@@ -70,8 +70,8 @@ def test_every_policy_hook_of_a_cycle_gets_one_encoding_of_the_pick():
     """pre_request's event is encoded once per cycle and endpoint, and says what it must."""
     from epick.interfaces import Cycle
 
-    p = pool()
-    cycle = Cycle(pool=p, request=abi.Request(model="m", prompt="hi"), now_ms=1234)
+    p = view()
+    cycle = Cycle(view=p, request=abi.Request(model="m", prompt="hi"), now_ms=1234)
     first = cycle.pre_request_input("e1:8000", 1234)
     assert cycle.pre_request_input("e1:8000", 1234) is first  # the second hook: no encoding
     event = msgspec.msgpack.decode(first, type=abi.PreRequestEvent)

@@ -6,7 +6,7 @@ import pytest
 
 from epick import abi
 from epick.abi import Criticality
-from epick.interfaces import Cycle, EndpointInfo, PoolSnapshot
+from epick.interfaces import Cycle, EndpointInfo, PoolView
 from epick.scheduler.filters import AdmissionFilter, AwakeFilter, FreshFilter, ServesModelFilter
 
 
@@ -14,9 +14,9 @@ def cycle(*info: EndpointInfo, metrics=None, **request) -> Cycle:
     metrics = metrics or [{}] * len(info)
     eps = tuple(abi.EndpointMetrics(address=f"10.0.0.{i}:8000", **m)
                 for i, m in enumerate(metrics))
-    pool = PoolSnapshot.build(abi.Snapshot(version=1, timestamp_ms=0, endpoints=eps), info)
+    view = PoolView.build(abi.Snapshot(version=1, timestamp_ms=0, endpoints=eps), info)
     request.setdefault("model", "m")
-    return Cycle(pool=pool, request=abi.Request(**request))
+    return Cycle(view=view, request=abi.Request(**request))
 
 
 ALL = (0, 1, 2)
@@ -57,15 +57,15 @@ def test_serves_model_answers_each_model_and_adapter_once_per_snapshot():
             EndpointInfo(models=frozenset({"m"}), adapters=frozenset()),
             EndpointInfo(fresh=False))
     base = cycle(*info)
-    pool = base.pool
+    view = base.view
     expected = {("m", ""): (0, 1, 2), ("m", "sql"): (0,), ("m", "chat"): (0, 1),
                 ("other", ""): (0,)}
     for _ in range(2):
         for (model, adapter), kept in expected.items():
-            c = Cycle(pool=pool, request=abi.Request(model=model, adapter=adapter))
+            c = Cycle(view=view, request=abi.Request(model=model, adapter=adapter))
             assert ServesModelFilter().filter(c, FreshFilter().filter(c, (0, 1, 2, 3))) == kept
-    assert set(pool.serving) == set(expected)
-    chat = Cycle(pool=pool, request=abi.Request(model="m", adapter="chat"))
+    assert set(view.serving) == set(expected)
+    chat = Cycle(view=view, request=abi.Request(model="m", adapter="chat"))
     assert ServesModelFilter().filter(chat, (2, 1)) == (1,)  # not the fresh tuple: afresh
 
 
@@ -74,9 +74,9 @@ def test_serves_model_keeps_a_bounded_number_of_answers_per_snapshot():
 
     c = cycle(EndpointInfo(), EndpointInfo(models=frozenset({"m"})))
     for k in range(filters._MAX_CACHED + 50):  # noqa: SLF001
-        asked = Cycle(pool=c.pool, request=abi.Request(model=f"model-{k}"))
-        assert ServesModelFilter().filter(asked, c.pool.fresh) == (0,)
-    assert len(c.pool.serving) == filters._MAX_CACHED  # noqa: SLF001
+        asked = Cycle(view=c.view, request=abi.Request(model=f"model-{k}"))
+        assert ServesModelFilter().filter(asked, c.view.fresh) == (0,)
+    assert len(c.view.serving) == filters._MAX_CACHED  # noqa: SLF001
 
 
 def test_serves_model_passes_everything_when_no_endpoint_is_restricted():

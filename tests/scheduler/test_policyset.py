@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from epick import abi
-from epick.interfaces import Capabilities, Cycle, PluginSpecError, PoolSnapshot
+from epick.interfaces import Capabilities, Cycle, PluginSpecError, PoolView
 from epick.scheduler.policyset import (
     DuplicatePolicyError,
     PolicyEntry,
@@ -129,9 +129,9 @@ def test_remove_and_weight_name_unknown_policies():
     assert weighted.get("a").weight == 3.0 and weighted.get("a").capabilities == C.SCORE
 
 
-def _pool() -> PoolSnapshot:
+def _view() -> PoolView:
     eps = tuple(abi.EndpointMetrics(address=f"10.0.0.{i}:8000") for i in range(2))
-    return PoolSnapshot.build(abi.Snapshot(version=1, timestamp_ms=0, endpoints=eps))
+    return PoolView.build(abi.Snapshot(version=1, timestamp_ms=0, endpoints=eps))
 
 
 @pytest.mark.parametrize(("caps", "total"), [
@@ -139,7 +139,7 @@ def _pool() -> PoolSnapshot:
     (C.SCORE | C.SCORES_IN_RANGE, 2.0),  # declared in range: the runner trusts it
 ], ids=["clamped-by-runner", "declared-in-range"])
 def test_the_runner_clamps_only_scores_not_declared_in_range(caps, total):
-    p = _pool()
+    p = _view()
     s = Scheduler(lambda: p, PolicySet.of(PolicyEntry("x", Plugin(caps, score=2.0))))
     d = s.schedule(abi.Request(model="m", seed=1), explain=True)
     assert [row.total for row in d.explanation] == [total, total]
@@ -147,7 +147,7 @@ def test_the_runner_clamps_only_scores_not_declared_in_range(caps, total):
 
 def test_a_cycle_is_what_plugins_share():
     # the interfaces' Cycle carries the request to every plugin of one pick
-    p = _pool()
+    p = _view()
     seen = []
 
     class Spy(Plugin):

@@ -8,15 +8,15 @@ import pytest
 from epick import abi
 from epick.abi import Criticality
 from epick.bench.pypolicies import PyLoad, PyLoraAffinity, PyPrefixCache
-from epick.interfaces import Capabilities, EndpointInfo, PluginError, PoolSnapshot
+from epick.interfaces import Capabilities, EndpointInfo, PluginError, PoolView
 from epick.scheduler.filters import AdmissionFilter
 from epick.scheduler.pickers import MaxScorePicker, WeightedRandomPicker
 from epick.scheduler.policyset import DuplicatePolicyError, PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler, Shed, Unavailable
 
 
-def pool(*endpoints: abi.EndpointMetrics, info=None, version: int = 1) -> PoolSnapshot:
-    return PoolSnapshot.build(abi.Snapshot(version=version, timestamp_ms=1000,
+def view(*endpoints: abi.EndpointMetrics, info=None, version: int = 1) -> PoolView:
+    return PoolView.build(abi.Snapshot(version=version, timestamp_ms=1000,
                                            endpoints=tuple(endpoints)), info)
 
 
@@ -30,7 +30,7 @@ def req(**kw) -> abi.Request:
     return abi.Request(**kw)
 
 
-def sched(p: PoolSnapshot, *entries: PolicyEntry, **kw) -> Scheduler:
+def sched(p: PoolView, *entries: PolicyEntry, **kw) -> Scheduler:
     return Scheduler(lambda: p, PolicySet.of(*entries), **kw)
 
 
@@ -65,14 +65,14 @@ class Recorder:
 
 
 def test_queue_10_5_0_picks_the_idle_endpoint_and_orders_fallbacks():
-    p = pool(ep(1, waiting=10), ep(2, waiting=5), ep(3, waiting=0))
+    p = view(ep(1, waiting=10), ep(2, waiting=5), ep(3, waiting=0))
     d = sched(p, PolicyEntry("load", PyLoad())).schedule(req())
     assert d.endpoint == "10.0.0.3:8000"
     assert d.fallbacks == ["10.0.0.2:8000", "10.0.0.1:8000"]
 
 
 def test_adapter_running_on_one_endpoint_wins_with_lora_affinity():
-    p = pool(ep(1, max_lora=1, running_adapters=("x",)),
+    p = view(ep(1, max_lora=1, running_adapters=("x",)),
              ep(2, max_lora=1, running_adapters=("sql",)),
              ep(3, max_lora=1, running_adapters=("y",)))
     s = sched(p, PolicyEntry("lora", PyLoraAffinity()), PolicyEntry("load", PyLoad()))
@@ -80,50 +80,50 @@ def test_adapter_running_on_one_endpoint_wins_with_lora_affinity():
 
 
 def test_stale_endpoints_are_not_candidates():
-    p = pool(ep(1), ep(2), info=[EndpointInfo(fresh=False), EndpointInfo(fresh=True)])
+    p = view(ep(1), ep(2), info=[EndpointInfo(fresh=False), EndpointInfo(fresh=True)])
     d = sched(p, PolicyEntry("load", PyLoad())).schedule(req())
     assert d.endpoint == "10.0.0.2:8000" and d.fallbacks == []
 
 
 def test_no_fresh_endpoint_is_unavailable_and_says_why():
-    p = pool(ep(1), info=[EndpointInfo(fresh=False)])
+    p = view(ep(1), info=[EndpointInfo(fresh=False)])
     with pytest.raises(Unavailable, match=r"no endpoint has fresh metrics \(all stale\)"):
         sched(p).schedule(req())
 
 
 def test_model_not_served_anywhere_is_unavailable():
-    p = pool(ep(1), info=[EndpointInfo(models=frozenset({"other"}))])
+    p = view(ep(1), info=[EndpointInfo(models=frozenset({"other"}))])
     with pytest.raises(Unavailable, match="no fresh endpoint serves model 'm'"):
         sched(p).schedule(req())
 
 
 def test_pinned_adapters_restrict_candidates():
-    p = pool(ep(1), ep(2), info=[EndpointInfo(adapters=frozenset({"a"})), EndpointInfo()])
+    p = view(ep(1), ep(2), info=[EndpointInfo(adapters=frozenset({"a"})), EndpointInfo()])
     d = sched(p).schedule(req(adapter="b"))
     assert d.endpoint == "10.0.0.2:8000" and d.fallbacks == []
 
 
 def test_sheddable_request_is_shed_when_every_endpoint_is_over_thresholds():
-    p = pool(ep(1, waiting=6), ep(2, kv_usage=0.81))
+    p = view(ep(1, waiting=6), ep(2, kv_usage=0.81))
     with pytest.raises(Shed, match=r"queue <= 5, kv <= 0.8"):
         sched(p, admission=AdmissionFilter(5, 0.8)).schedule(
             req(criticality=Criticality.SHEDDABLE))
 
 
 def test_sheddable_request_goes_to_an_endpoint_under_the_thresholds():
-    p = pool(ep(1, waiting=6), ep(2, waiting=5, kv_usage=0.8))
+    p = view(ep(1, waiting=6), ep(2, waiting=5, kv_usage=0.8))
     d = sched(p).schedule(req(criticality=Criticality.SHEDDABLE))
     assert d.endpoint == "10.0.0.2:8000"
 
 
 def test_standard_request_is_never_shed_by_admission():
-    p = pool(ep(1, waiting=600, kv_usage=1.0))
+    p = view(ep(1, waiting=600, kv_usage=1.0))
     assert sched(p).schedule(req()).endpoint == "10.0.0.1:8000"
 
 
 def test_failing_scorer_is_skipped_counted_and_the_pick_still_succeeds():
     rec = Recorder()
-    p = pool(ep(1, waiting=3), ep(2, waiting=0))
+    p = view(ep(1, waiting=3), ep(2, waiting=0))
     s = sched(p, PolicyEntry("boom", Boom()), PolicyEntry("load", PyLoad()), recorder=rec)
     d = s.schedule(req())
     assert d.endpoint == "10.0.0.2:8000"
@@ -135,7 +135,7 @@ def test_failing_scorer_is_skipped_counted_and_the_pick_still_succeeds():
 
 def test_weights_combine_scores():
     # lora prefers endpoint 1 (adapter running); load prefers endpoint 2 (empty queue).
-    p = pool(ep(1, waiting=10, max_lora=1, running_adapters=("a",)),
+    p = view(ep(1, waiting=10, max_lora=1, running_adapters=("a",)),
              ep(2, waiting=0, max_lora=1, running_adapters=("b",)))
     lora = lambda w: PolicyEntry("lora", PyLoraAffinity(), weight=w)  # noqa: E731
     load = PolicyEntry("load", PyLoad(), weight=1.0)
@@ -144,7 +144,7 @@ def test_weights_combine_scores():
 
 
 def test_ties_are_broken_by_the_seed_reproducibly_and_uniformly():
-    p = pool(*(ep(i) for i in range(4)))
+    p = view(*(ep(i) for i in range(4)))
     s = sched(p, PolicyEntry("load", PyLoad()))
     first = [s.schedule(req(seed=k)).endpoint for k in range(200)]
     again = [s.schedule(req(seed=k)).endpoint for k in range(200)]
@@ -154,7 +154,7 @@ def test_ties_are_broken_by_the_seed_reproducibly_and_uniformly():
 
 
 def test_prefix_history_steers_the_same_prompt_back_to_the_same_endpoint():
-    p = pool(*(ep(i) for i in range(4)))
+    p = view(*(ep(i) for i in range(4)))
     s = sched(p, PolicyEntry("prefix", PyPrefixCache()), PolicyEntry("load", PyLoad()))
     prompt = "You are a helpful assistant. " * 20
     first = s.schedule(req(prompt=prompt, seed=1))
@@ -168,7 +168,7 @@ def test_prefix_history_steers_the_same_prompt_back_to_the_same_endpoint():
 def test_prefix_affinity_yields_when_its_replica_is_far_busier_than_the_rest():
     # affinity bounded by load: requests that never complete pile up on the home replica
     # until it is more than max_imbalance (8) busier than an idle one; then load decides
-    p = pool(*(ep(i) for i in range(4)))
+    p = view(*(ep(i) for i in range(4)))
     s = sched(p, PolicyEntry("prefix", PyPrefixCache()), PolicyEntry("load", PyLoad()))
     prompt = "You are a helpful assistant. " * 20
     picks = [s.schedule(req(prompt=prompt, seed=k)).endpoint for k in range(1, 30)]
@@ -179,7 +179,7 @@ def test_prefix_affinity_yields_when_its_replica_is_far_busier_than_the_rest():
 
 def test_completion_runs_post_response_once_and_unknown_ids_are_acknowledged():
     lora = PyLoraAffinity()
-    p = pool(ep(1, max_lora=2))
+    p = view(ep(1, max_lora=2))
     s = sched(p, PolicyEntry("lora", lora))
     d = s.schedule(req(adapter="a", request_id="r1"))
     assert lora.history == {("a", "10.0.0.1:8000"): 1}
@@ -191,7 +191,7 @@ def test_completion_runs_post_response_once_and_unknown_ids_are_acknowledged():
 
 
 def test_completion_by_request_id():
-    p = pool(ep(1))
+    p = view(ep(1))
     s = sched(p)
     s.schedule(req(request_id="abc"))
     assert s.complete(request_id="abc") is True
@@ -200,7 +200,7 @@ def test_completion_by_request_id():
 
 def test_forgotten_decisions_do_not_leak():
     now = [0.0]
-    p = pool(ep(1))
+    p = view(ep(1))
     s = sched(p, decision_ttl_s=10, max_decisions=5, clock=lambda: now[0])
     for k in range(20):
         s.schedule(req(request_id=f"r{k}"))
@@ -212,7 +212,7 @@ def test_forgotten_decisions_do_not_leak():
 
 
 def test_explain_lists_every_endpoint_with_scores_filter_and_rank():
-    p = pool(ep(1, waiting=10), ep(2, waiting=0), ep(3),
+    p = view(ep(1, waiting=10), ep(2, waiting=0), ep(3),
              info=[EndpointInfo(), EndpointInfo(), EndpointInfo(fresh=False)])
     d = sched(p, PolicyEntry("load", PyLoad(), weight=2.0)).schedule(req(), explain=True)
     rows = {c.endpoint: c for c in d.explanation}
@@ -226,7 +226,7 @@ def test_explain_lists_every_endpoint_with_scores_filter_and_rank():
 
 def test_shadow_policy_scores_without_changing_the_pick():
     rec = Recorder()
-    p = pool(ep(1, waiting=0, max_lora=1, running_adapters=("b",)),
+    p = view(ep(1, waiting=0, max_lora=1, running_adapters=("b",)),
              ep(2, waiting=9, max_lora=1, running_adapters=("a",)))
     s = sched(p, PolicyEntry("load", PyLoad()),
               PolicyEntry("lora", PyLoraAffinity(), shadow=True), recorder=rec)
@@ -244,7 +244,7 @@ def test_policy_set_refuses_duplicate_names():
 
 
 def test_swapping_the_policy_set_changes_behaviour_for_the_next_pick():
-    p = pool(ep(1, waiting=0, max_lora=1, running_adapters=("b",)),
+    p = view(ep(1, waiting=0, max_lora=1, running_adapters=("b",)),
              ep(2, waiting=9, max_lora=1, running_adapters=("a",)))
     s = sched(p, PolicyEntry("load", PyLoad()))
     assert s.schedule(req(adapter="a")).endpoint == "10.0.0.1:8000"
@@ -307,7 +307,7 @@ class FailsAt:
         "post_response"])
 def test_every_stage_guards_a_failing_plugin_the_same_way(stage, shadow, listed):
     rec = Recorder()
-    p = pool(ep(1), ep(2))
+    p = view(ep(1), ep(2))
     s = sched(p, PolicyEntry("flaky", FailsAt(stage), shadow=shadow),
               PolicyEntry("load", PyLoad()), recorder=rec)
     d = s.schedule(req(request_id="r"))
@@ -330,9 +330,9 @@ def test_completion_hooks_name_the_picked_endpoint_and_the_log_what_the_gateway_
             self.completions.append((event.endpoint, endpoint))
 
     lora = PyLoraAffinity()
-    p = pool(ep(1, max_lora=2), ep(2, max_lora=2), ep(3, max_lora=2))
+    p = view(ep(1, max_lora=2), ep(2, max_lora=2), ep(3, max_lora=2))
     s = sched(p, PolicyEntry("lora", lora))
-    s.decisions = sink = Sink()
+    s.decision_log = sink = Sink()
     d = s.schedule(req(adapter="a"))  # no request id: history is keyed by endpoint
     assert lora.history == {("a", d.endpoint): 1}
     # the gateway failed over to a fallback and says so
@@ -343,7 +343,7 @@ def test_completion_hooks_name_the_picked_endpoint_and_the_log_what_the_gateway_
 
 
 def test_shadow_agreement_is_tallied_per_plugin_and_a_new_load_starts_fresh():
-    p = pool(ep(1), ep(2, waiting=9))
+    p = view(ep(1), ep(2, waiting=9))
     lora = PyLoraAffinity()  # scores both 0.8-ish: agrees with load's pick
     s = sched(p, PolicyEntry("load", PyLoad()), PolicyEntry("lora", lora, shadow=True))
     assert s.shadow_agreement(lora) == 0.0  # nothing scored yet

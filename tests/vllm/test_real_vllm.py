@@ -111,7 +111,7 @@ def test_repeated_long_prompts_stick_to_one_replica_and_vllm_reports_the_hits(fl
 def test_a_killed_replica_is_dropped_and_comes_back_after_a_restart(fleet, tmp_path):
     a, b = fleet.replicas
     with running(real_config(fleet, tmp_path, policies=("load",))) as svc:
-        wait_for(lambda: sum(i.fresh for i in svc.service.pool.snapshot.info) == 2,
+        wait_for(lambda: sum(i.fresh for i in svc.service.pool.view.info) == 2,
                  what="both replicas fresh")
         b.stop(kill=True)
         # Requests keep being served: the dead replica is dropped once its metrics go stale
@@ -127,7 +127,7 @@ def test_a_killed_replica_is_dropped_and_comes_back_after_a_restart(fleet, tmp_p
                 for k in range(20)]
         assert set(last) == {a.address}
         b.restart()
-        wait_for(lambda: sum(i.fresh for i in svc.service.pool.snapshot.info) == 2,
+        wait_for(lambda: sum(i.fresh for i in svc.service.pool.view.info) == 2,
                  timeout_s=30, what="the restarted replica fresh again")
         back = {svc.picker.Pick(pb.PickRequest(model=SERVED_MODEL, seed=k), timeout=10).endpoint
                 for k in range(40)}

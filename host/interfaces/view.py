@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from epick import abi
 
-__all__ = ["PoolSnapshot", "EndpointInfo"]
+__all__ = ["PoolView", "EndpointInfo"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,7 @@ class EndpointInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class PoolSnapshot:
+class PoolView:
     """One consistent view of the pool, built once per metrics change.
 
     ``snapshot.endpoints[i]`` and ``info[i]`` describe the same endpoint. ``encoded`` is
@@ -62,11 +62,11 @@ class PoolSnapshot:
     @classmethod
     def build(
         cls, snapshot: abi.Snapshot, info: Sequence[EndpointInfo] | None = None
-    ) -> PoolSnapshot:
+    ) -> PoolView:
         info = tuple(info) if info is not None else (EndpointInfo(),) * len(snapshot.endpoints)
         if len(info) != len(snapshot.endpoints):
             raise ValueError(
-                f"PoolSnapshot.build: {len(info)} EndpointInfo for "
+                f"PoolView.build: {len(info)} EndpointInfo for "
                 f"{len(snapshot.endpoints)} endpoints"
             )
         return cls(

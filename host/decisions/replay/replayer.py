@@ -1,325 +1,43 @@
-"""Replay a decision log through the real scheduler and runtime, with changes.
-
-Every recorded decision, in order, goes through a real :class:`Scheduler` holding real
-:class:`WasmPolicy` plugins on the recorded pool snapshots (the exact bytes the live
-policies got), at the recorded clock; every recorded completion runs the post_response
-hooks at its recorded time. So each policy's own state (LoRA history, prefix LRUs)
-evolves as it did live — or, for a changed policy, as it would have on the same traffic.
-
-Changes (:class:`Changes`): replace a policy's module, add a policy, set weights, set
-params. Unchanged, a log replays to the same picks (``tests/decisions``).
-
-Live accidents are mirrored: an unchanged policy that failed on a decision (a timeout
-under load) fails there again, and live checkpoints and instance re-creations happen at
-the same places. What a replay cannot know: the pool's reaction to different picks
-(queues and caches are as recorded; ``epick bench quality --trace`` simulates that).
-"""
+"""The replayer: feeds a log's records through a real :class:`Scheduler` holding real
+:class:`WasmPolicy` plugins, mirroring live accidents, and builds the report."""
 
 from __future__ import annotations
 
 import heapq
 import time
-from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field
+from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import numpy as np
 
 from epick import abi
 from epick.decisions import features, schema
-from epick.interfaces import Capabilities, EndpointInfo, PluginError, PoolSnapshot
+from epick.decisions.replay.changes import Changes, ReplayError
+from epick.decisions.replay.locality import Locality
+from epick.decisions.replay.modules import Modules
+from epick.decisions.replay.report import (
+    SCORE_EPSILON,
+    ChangedDecision,
+    PolicyDelta,
+    ReplayReport,
+)
+from epick.decisions.replay.standins import (
+    ErrorCount,
+    FailedLive,
+    RecordedCounts,
+    RecordedKv,
+    Recovering,
+)
+from epick.interfaces import Capabilities, EndpointInfo, PoolView
 from epick.scheduler.filters import AdmissionFilter
 from epick.scheduler.pickers import make_picker
 from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler, SchedulingError
 
-__all__ = ["Changes", "Replayer", "ReplayError", "ReplayReport", "replay"]
+__all__ = ["Replayer", "replay"]
 
 _snapshot_decoder = msgspec.msgpack.Decoder(abi.Snapshot)
-
-#: Scores closer than this are "the same" (the log keeps scores as f32).
-SCORE_EPSILON = 1e-6
-#: Per-endpoint LRU size of the prefix-locality estimate (the prefix policy's default).
-LOCALITY_LRU_BLOCKS = 31_250
-
-
-class ReplayError(ValueError):
-    """The replay cannot run as asked (a module is missing, a change names no policy...)."""
-
-
-@dataclass
-class Changes:
-    """What to change in the recorded policy set (all keyed by policy name)."""
-
-    modules: dict[str, tuple[bytes, str]] = field(default_factory=dict)
-    """name -> (wasm bytes, where they came from): replace or add that policy's module."""
-    weights: dict[str, float] = field(default_factory=dict)
-    params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """name -> params merged over the recorded ones."""
-
-    @property
-    def empty(self) -> bool:
-        return not (self.modules or self.weights or self.params)
-
-
-class PolicyDelta(msgspec.Struct, frozen=True):
-    policy: str
-    compared: int
-    """Candidate scores compared (recorded vs replayed)."""
-    changed: int
-    """Of those, how many differ by more than SCORE_EPSILON."""
-    mean_abs: float
-    max_abs: float
-    mean: float
-    """Mean signed delta (replayed − recorded): > 0 when the change scores higher."""
-
-
-class ChangedDecision(msgspec.Struct, frozen=True):
-    id: str
-    t_ms: int
-    model: str
-    adapter: str
-    recorded: str
-    replayed: str
-    margin: float
-    """Replayed total of the replayed pick minus that of the recorded pick."""
-    why: dict[str, list[float | None]]
-    """Per policy: [recorded score at the recorded pick, replayed score at the recorded
-    pick, replayed score at the replayed pick]; ``total`` holds the replayed totals."""
-
-
-class ReplayReport(msgspec.Struct):
-    files: list[str] = []
-    decisions: int = 0
-    completions: int = 0
-    agreed: int = 0
-    agreement: float = 1.0
-    fallbacks_agreed: int = 0
-    """Decisions whose whole answer (primary and fallbacks, in order) is the same."""
-    replay_failed: dict[str, int] = {}
-    """Recorded picks the replay refused (shed, unavailable)."""
-    live_failures: int = 0
-    """Decisions on which a live policy failed; an unchanged policy fails there again in
-    the replay (the pick is made without it, as it was live)."""
-    replay_policy_errors: dict[str, int] = {}
-    lost_records: int = 0
-    """Records the live writer dropped (gaps in the log)."""
-    live_recoveries: int = 0
-    """Times a live policy instance was re-created after a trap or timeout (its state
-    went back to its last checkpoint); the replay does the same at the same place."""
-    unknown_completions: int = 0
-    cold_start: bool = False
-    """The log starts mid-run: policies' state before it is unknown."""
-    restarts: int = 0
-    recorded_policies: list[str] = []
-    replayed_policies: list[str] = []
-    score_deltas: list[PolicyDelta] = []
-    spread: dict[str, list[int]] = {}
-    """endpoint -> [recorded picks, replayed picks]."""
-    prefix_hit_estimate: list[float | None] = msgspec.field(default_factory=lambda: [None, None])
-    """[recorded, replayed]: mean fraction of a prompt's leading blocks already sent to
-    the picked endpoint (an LRU of LOCALITY_LRU_BLOCKS per endpoint)."""
-    adapter_resident: list[float | None] = msgspec.field(default_factory=lambda: [None, None])
-    """[recorded, replayed]: of adapter requests, the share picked where the snapshot
-    listed the adapter as running."""
-    endpoints_per_adapter: list[float | None] = msgspec.field(default_factory=lambda: [None, None])
-    """[recorded, replayed]: mean number of endpoints each adapter's requests went to."""
-    most_changed: list[ChangedDecision] = []
-    seconds: float = 0.0
-    """Time spent replaying, module compilation excluded (``compile_seconds``)."""
-    compile_seconds: float = 0.0
-    decisions_per_s: float = 0.0
-
-
-class _Locality:
-    """Host-side estimate of prefix and adapter locality for one stream of picks."""
-
-    def __init__(self) -> None:
-        self.lru: dict[str, OrderedDict[int, None]] = defaultdict(OrderedDict)
-        self.hit_sum = 0.0
-        self.hit_n = 0
-        self.resident = 0
-        self.adapter_n = 0
-        self.adapter_eps: dict[str, set[str]] = defaultdict(set)
-
-    def see(self, endpoint: str, hashes: tuple[int, ...], adapter: str,
-            running: tuple[str, ...] | None) -> None:
-        if hashes:
-            lru = self.lru[endpoint]
-            k = 0
-            for h in hashes:
-                if h not in lru:
-                    break
-                k += 1
-            self.hit_sum += k / len(hashes)
-            self.hit_n += 1
-            for h in hashes:
-                if h in lru:
-                    lru.move_to_end(h)
-                else:
-                    lru[h] = None
-            while len(lru) > LOCALITY_LRU_BLOCKS:
-                lru.popitem(last=False)
-        if adapter:
-            self.adapter_n += 1
-            self.resident += running is not None and adapter in running
-            self.adapter_eps[adapter].add(endpoint)
-
-    def hit(self) -> float | None:
-        return self.hit_sum / self.hit_n if self.hit_n else None
-
-    def resident_share(self) -> float | None:
-        return self.resident / self.adapter_n if self.adapter_n else None
-
-    def per_adapter(self) -> float | None:
-        eps = self.adapter_eps
-        return sum(len(v) for v in eps.values()) / len(eps) if eps else None
-
-
-class _FailedLive:
-    """A policy as it was on a decision where it failed live: its score/filter fail the
-    same way (so the pick is made without it, as it was), its hooks run as usual."""
-
-    def __init__(self, plugin, reason: str) -> None:
-        self._plugin = plugin
-        self._reason = reason
-        self.name = plugin.name
-        # a wrapper for one decision: it hands no state over
-        self.capabilities = ((plugin.capabilities & ~Capabilities.STATE)
-                             | Capabilities.SCORES_IN_RANGE)
-
-    def score(self, cycle, candidates):
-        raise PluginError(self.name, "score", _LIVE_FAILURE, self._reason)
-
-    def filter(self, cycle, candidates):
-        raise PluginError(self.name, "filter", _LIVE_FAILURE, self._reason)
-
-    def pre_request(self, cycle, endpoint):
-        self._plugin.pre_request(cycle, endpoint)
-
-    def post_response(self, event):
-        self._plugin.post_response(event)
-
-
-_LIVE_FAILURE = "failed-live"
-
-
-class _Recovering:
-    """A policy whose live instance was re-created during this decision, at a stage the
-    log does not say: during ``score`` (the scores were computed on the checkpoint's
-    state) or during a hook (after scoring). The recorded scores tell which: if the
-    current state reproduces them, the recovery comes after scoring."""
-
-    def __init__(self, plugin, recorded: np.ndarray | None) -> None:
-        self._plugin = plugin
-        self._recorded = recorded
-        self.done = False
-        self.name = plugin.name
-        # a wrapper for one decision: it hands no state over
-        self.capabilities = ((plugin.capabilities & ~Capabilities.STATE)
-                             | Capabilities.SCORES_IN_RANGE)
-
-    def recover(self) -> None:
-        if not self.done:
-            self.done = True
-            self._plugin.recover()
-
-    def score(self, cycle, candidates):
-        if not self.done:
-            scores = self._plugin.score(cycle, candidates)
-            rec = self._recorded
-            if (rec is not None and len(rec) == len(scores)
-                    and np.all(np.abs(scores - rec) <= SCORE_EPSILON)):
-                return scores  # recovered later, in a hook
-            self.recover()
-        return self._plugin.score(cycle, candidates)
-
-    def filter(self, cycle, candidates):
-        self.recover()
-        return self._plugin.filter(cycle, candidates)
-
-    def pre_request(self, cycle, endpoint):
-        self.recover()
-        self._plugin.pre_request(cycle, endpoint)
-
-    def post_response(self, event):
-        self._plugin.post_response(event)
-
-
-class _Recorded:
-    """Stands in for the scheduler's Assignments during one replayed decision: the
-    recorded per-candidate counts; the pick it makes changes nothing."""
-
-    def __init__(self, counts: dict[str, tuple[int, int]], given: bool) -> None:
-        self._counts, self._given = counts, given
-
-    def of(self, addresses):
-        if not self._given:
-            return (), ()
-        got = [self._counts.get(a, (0, 0)) for a in addresses]
-        return tuple(c[0] for c in got), tuple(c[1] for c in got)
-
-    def in_flight(self, address: str) -> int:
-        return self._counts.get(address, (0, 0))[0]
-
-    def picked_since_scrape(self, address: str) -> int:
-        return self._counts.get(address, (0, 0))[1]
-
-    def picked(self, address: str) -> None:
-        pass
-
-    def completed(self, address: str) -> None:
-        pass
-
-    def scraped(self, address: str) -> None:
-        pass
-
-    def __bool__(self) -> bool:
-        return self._given
-
-
-class _RecordedKv:
-    """Stands in for the KV-events seam during one replayed decision: the recorded
-    per-candidate prefix counts (the engines' events are not in the log)."""
-
-    def __init__(self, counts: dict[str, tuple[int, int]],
-                 cleared: dict[str, int] | None = None) -> None:
-        self._counts = counts
-        self._cleared = cleared
-
-    def counts(self, request, endpoints, candidates):
-        got = [self._counts.get(endpoints[i].address, (0, -1)) for i in candidates]
-        return tuple(c[0] for c in got), tuple(c[1] for c in got)
-
-    def cleared(self, endpoints, candidates):
-        if self._cleared is None:  # a log from before the field: nothing recorded
-            return ()
-        return tuple(self._cleared.get(endpoints[i].address, 0) for i in candidates)
-
-
-class _Errors:
-    """The replay scheduler's recorder: counts policy errors (not mirrored live ones)."""
-
-    def __init__(self) -> None:
-        self.errors: dict[str, int] = defaultdict(int)
-
-    def policy_error(self, error: PluginError) -> None:
-        if error.kind != _LIVE_FAILURE:
-            self.errors[f"{error.plugin}: {error.kind}"] += 1
-
-    def policy_latency(self, policy: str, seconds: float) -> None:
-        pass
-
-    def shadow(self, policy: str, agree: bool, delta: float) -> None:
-        pass
-
-    def stages(self, *a) -> None:
-        pass
-
-    def completion(self, *a) -> None:
-        pass
 
 
 class Replayer:
@@ -335,13 +53,11 @@ class Replayer:
         self.runtime = runtime
         self.changes = changes or Changes()
         self.top = top
-        self._wasm: dict[str, bytes] = dict(modules or {})
-        self._compiled: dict[str, Any] = {}
-        self._builtins = False
+        self._modules = Modules(runtime, modules)
         self._header: schema.Header | None = None
         self._scheduler: Scheduler | None = None
-        self._pool: PoolSnapshot | None = None
-        self._snapshots: dict[int, tuple[PoolSnapshot, dict[str, tuple[str, ...]]]] = {}
+        self._view: PoolView | None = None
+        self._views: dict[int, tuple[PoolView, dict[str, tuple[str, ...]]]] = {}
         self._policy_sets: dict[int, tuple[schema.PolicyRef, ...]] = {}
         self._current_refs: tuple[schema.PolicyRef, ...] | None = None
         self._rec_weights: dict[str, float] = {}
@@ -349,14 +65,13 @@ class Replayer:
         self._applied: dict[str, tuple[str, dict]] = {}
         self._ids: dict[str, str] = {}
         self._now_s = 0.0
-        self._errors = _Errors()
-        self._rec_loc = _Locality()
-        self._rep_loc = _Locality()
+        self._errors = ErrorCount()
+        self._rec_loc = Locality()
+        self._rep_loc = Locality()
         self._deltas: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0, 0.0, 0.0])
         self._changed: list[tuple[float, int, ChangedDecision]] = []
         self._spread: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         self._seconds = 0.0
-        self._compile_s = 0.0
         self.r = ReplayReport()
 
     # -- records ------------------------------------------------------------------------
@@ -372,7 +87,7 @@ class Replayer:
         elif isinstance(rec, schema.Policies):
             self._policy_sets[rec.id] = rec.entries
         elif isinstance(rec, schema.Module):
-            self._wasm.setdefault(rec.sha256, rec.wasm)
+            self._modules.add(rec.sha256, rec.wasm)
         elif isinstance(rec, schema.Header):
             self._start(rec)
         elif isinstance(rec, schema.Gap):
@@ -395,7 +110,9 @@ class Replayer:
             self.r.restarts += 1
         self._close_policies()
         self._scheduler = Scheduler(
-            lambda: self._pool, PolicySet(), fallbacks=h.fallbacks,
+            lambda: self._view, PolicySet(), fallbacks=h.fallbacks,
+            # Counts come from the log, one decision at a time (given to each schedule).
+            assignments=RecordedCounts({}, False), kv=None,
             admission=AdmissionFilter(h.admission_queue, h.admission_kv),
             picker=make_picker(h.picker), recorder=self._errors,
             # Expire decisions on the recorded clock, with slack: a completion the live
@@ -405,7 +122,7 @@ class Replayer:
         self._current_refs = None
         self._applied = {}
         self._ids = {}
-        self._snapshots = {}
+        self._views = {}
 
     def _snapshot(self, rec: schema.SnapshotRec) -> None:
         snap = _snapshot_decoder.decode(rec.encoded)
@@ -414,48 +131,17 @@ class Replayer:
             models=frozenset(f.models) if f.models is not None else None,
             adapters=frozenset(f.adapters) if f.adapters is not None else None,
         ) for f in rec.facts)
-        pool = PoolSnapshot(
+        view = PoolView(
             snapshot=snap, encoded=rec.encoded, info=info,
             fresh=tuple(i for i, e in enumerate(info) if e.fresh),
             restricted=any(e.models is not None or e.adapters is not None for e in info),
             addresses=tuple(e.address for e in snap.endpoints))
         running = {e.address: e.running_adapters for e in snap.endpoints}
-        self._snapshots[rec.version] = (pool, running)
-        if len(self._snapshots) > 64:
-            self._snapshots.pop(next(iter(self._snapshots)))
+        self._views[rec.version] = (view, running)
+        if len(self._views) > 64:
+            self._views.pop(next(iter(self._views)))
 
     # -- policies ---------------------------------------------------------------------------
-
-    def _module(self, sha: str, name: str):
-        mod = self._compiled.get(sha)
-        if mod is not None:
-            return mod
-        wasm = self._wasm.get(sha)
-        if wasm is None and not self._builtins:
-            import hashlib
-
-            from epick.config import BUILTIN_POLICY_DIR
-
-            self._builtins = True
-            for p in sorted(BUILTIN_POLICY_DIR.glob("*.wasm")):
-                data = p.read_bytes()
-                self._wasm.setdefault(hashlib.sha256(data).hexdigest(), data)
-            wasm = self._wasm.get(sha)
-        if wasm is None:
-            raise ReplayError(
-                f"policy {name!r}: module sha256 {sha[:12]}… is not in the log, nor a "
-                f"built-in; give it with --policy {name}=FILE.wasm or --modules DIR")
-        from epick.runtime import PolicyError
-
-        t0 = time.perf_counter()
-        try:
-            mod = self.runtime.compile(wasm, name=name)
-        except PolicyError as exc:
-            raise ReplayError(f"policy {name!r}: {exc}") from None
-        finally:
-            self._compile_s += time.perf_counter() - t0
-        self._compiled[sha] = mod
-        return mod
 
     def _use_policies(self, pid: int) -> None:
         refs = self._policy_sets.get(pid)
@@ -476,7 +162,7 @@ class Replayer:
             if ref.name in ch.modules:
                 wasm, _source = ch.modules[ref.name]
                 sha = hashlib.sha256(wasm).hexdigest()
-                self._wasm.setdefault(sha, wasm)
+                self._modules.add(sha, wasm)
             elif not sha:
                 raise ReplayError(f"policy {ref.name!r} is not a WASM module: it cannot be "
                                   f"replayed; replace it with --policy {ref.name}=FILE.wasm")
@@ -495,7 +181,7 @@ class Replayer:
         for name, (wasm, _source) in ch.modules.items():
             if name not in recorded:
                 sha = hashlib.sha256(wasm).hexdigest()
-                self._wasm.setdefault(sha, wasm)
+                self._modules.add(sha, wasm)
                 wanted.append((name, sha, dict(ch.params.get(name, {})),
                                ch.weights.get(name, 1.0), False))
         entries = []
@@ -504,7 +190,7 @@ class Replayer:
                 plugin = current.get(name).plugin
             else:
                 try:
-                    plugin = WasmPolicy(self._module(sha, name), params, name=name,
+                    plugin = WasmPolicy(self._modules.compiled(sha, name), params, name=name,
                                         checkpoint_on_hooks=False)
                 except PolicyError as exc:
                     raise ReplayError(f"policy {name!r}: {exc}") from None
@@ -536,7 +222,7 @@ class Replayer:
         """``policies`` for this decision with the live accidents mirrored: an unchanged
         policy that failed live fails again (a changed policy's failures are its own),
         and one whose live instance was re-created here is re-created at the same stage.
-        Returns the set and the :class:`_Recovering` wrappers to finish."""
+        Returns the set and the :class:`Recovering` wrappers to finish."""
         reasons = {}
         for text in rec.skipped:
             name, _, reason = text.partition(": ")
@@ -551,7 +237,7 @@ class Replayer:
                     plugin.recover()  # its failed call re-created it before failing
                 else:
                     blob = rec.scores.get(e.name)
-                    w = _Recovering(plugin, np.frombuffer(blob, dtype="<f4")
+                    w = Recovering(plugin, np.frombuffer(blob, dtype="<f4")
                                     if blob is not None else None)
                     recovering.append(w)
                     plugin = w
@@ -559,7 +245,7 @@ class Replayer:
             unchanged = (ref is not None and e.name not in self.changes.modules
                          and e.name not in self.changes.params)
             if e.name in reasons and unchanged:
-                plugin = _FailedLive(plugin, reasons[e.name])
+                plugin = FailedLive(plugin, reasons[e.name])
             if plugin is not e.plugin:
                 e = PolicyEntry(e.name, plugin, weight=e.weight, shadow=e.shadow)
             entries.append(e)
@@ -592,13 +278,13 @@ class Replayer:
         h = self._header
         if h is None or self._scheduler is None:
             raise ReplayError("a decision before the log's header")
-        got = self._snapshots.get(rec.snapshot)
+        got = self._views.get(rec.snapshot)
         if got is None:
             raise ReplayError(f"decision {rec.id} refers to snapshot {rec.snapshot}, which "
                               "the log lacks")
-        pool, running = got
+        view, running = got
         self._use_policies(rec.policies)
-        self._pool = pool
+        self._view = view
         self._now_s = (rec.t_ms + 0.5) / 1000.0
         f = rec.request
         hashes: tuple[int, ...] = ()
@@ -615,7 +301,7 @@ class Replayer:
             request_id=f.request_id, model=f.model, adapter=f.adapter, prompt=prompt,
             criticality=f.criticality, seed=f.seed, cache_salt=f.cache_salt,
             headers=dict(f.headers))
-        endpoints = pool.snapshot.endpoints
+        endpoints = view.snapshot.endpoints
         recorded = [endpoints[i].address for i in rec.picked]
         r = self.r
         r.decisions += 1
@@ -624,36 +310,31 @@ class Replayer:
         self._spread[recorded[0]][0] += 1
         self._rec_loc.see(recorded[0], hashes, f.adapter, running.get(recorded[0]))
         sched = self._scheduler
-        live_set = sched.policies
-        recovering = []
+        policies, recovering = sched.policies, []
         if rec.skipped or self._pending_recovery:
-            sched.policies, recovering = self._accidents(live_set, rec)
+            policies, recovering = self._accidents(policies, rec)
         # The host's own assignment counts depend on scrapes the log does not hold: the
-        # policies get exactly what they saw live.
-        live_assignments = sched.assignments
-        sched.assignments = _Recorded(
+        # policies get exactly what they saw live (and this pick changes nothing).
+        assignments = RecordedCounts(
             {endpoints[c].address: (
                 rec.in_flight[k] if rec.in_flight else 0,
                 rec.picked_since_scrape[k] if rec.picked_since_scrape else 0)
              for k, c in enumerate(rec.candidates)},
             bool(rec.in_flight or rec.picked_since_scrape))
-        live_kv = sched.kv
-        sched.kv = _RecordedKv(
+        kv = RecordedKv(
             {endpoints[c].address: (rec.prefix_blocks[k], rec.prefix_matched[k])
              for k, c in enumerate(rec.candidates)},
             {endpoints[c].address: rec.prefix_cleared_ms[k]
              for k, c in enumerate(rec.candidates)} if rec.prefix_cleared_ms else None,
-        ) if rec.prefix_blocks else None
+        ) if rec.prefix_blocks else None  # the replay scheduler's own kv is None: off
         try:
-            d = sched.schedule(request, explain=True)
+            d = sched.schedule(request, explain=True, policies=policies,
+                               assignments=assignments, kv=kv)
         except SchedulingError as exc:
             r.replay_failed[exc.outcome] = r.replay_failed.get(exc.outcome, 0) + 1
             self._note_changed(rec, recorded[0], f"({exc.outcome})", float("inf"), {})
             return
         finally:
-            sched.assignments = live_assignments
-            sched.kv = live_kv
-            sched.policies = live_set
             for w in recovering:  # a recovery in a hook the policy does not have
                 w.recover()
         self._ids[rec.id] = d.decision_id
@@ -745,8 +426,8 @@ class Replayer:
         r.adapter_resident = [self._rec_loc.resident_share(), self._rep_loc.resident_share()]
         r.endpoints_per_adapter = [self._rec_loc.per_adapter(), self._rep_loc.per_adapter()]
         r.most_changed = [e[2] for e in sorted(self._changed, key=lambda e: (-e[0], e[1]))]
-        r.compile_seconds = self._compile_s
-        r.seconds = self._seconds - self._compile_s
+        r.compile_seconds = self._modules.compile_seconds
+        r.seconds = self._seconds - r.compile_seconds
         r.decisions_per_s = r.decisions / r.seconds if r.seconds > 0 else 0.0
         return r
 
