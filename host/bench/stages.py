@@ -366,9 +366,9 @@ def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict
     def keep_snapshot(self, *args, **kwargs):
         # The resident policies got the snapshot once, at the first pick: the no-op needs
         # the same one to decode their inputs (which leave it out).
-        encoded = getattr(getattr(self, "pool", None), "encoded", None)
-        if encoded is not None and not snapshots:
-            snapshots.append(encoded)
+        # (``self`` is a Cycle: read its view plainly, so a rename fails here, loudly.)
+        if not snapshots:
+            snapshots.append(self.view.encoded)
         return score_input(self, *args, **kwargs)
 
     for name in originals:

@@ -187,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     # them (and any error of the replay's own) instead.
     import logging
 
-    logging.getLogger("epick").setLevel(logging.ERROR)
+    quiet = logging.getLogger("epick")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         changes = parse_changes(args.policy, args.weights, args.params)
         modules = _modules(args.modules)
@@ -195,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ArgumentError, LogError, ReplayError) as exc:
         print(f"epick replay: {exc}", file=sys.stderr)
         return 2
+    finally:
+        # Only for the replay: a caller in the same process (a test, a notebook) keeps
+        # its warnings.
+        quiet.setLevel(level)
     if args.json:
         sys.stdout.write(msgspec.json.encode(report).decode() + "\n")
     else:

@@ -57,3 +57,14 @@ def test_a_replacement_module_from_a_file(log, capsys):
 def test_bad_arguments_exit_2_and_say_what_was_wrong(log, capsys, args, message):
     assert main(["replay", str(log), *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_replay_in_process_leaves_the_callers_log_level_alone(log, capsys):
+    # It quiets epick's loggers while it runs; a full test run once lost the warnings
+    # other tests assert on because a replay had set "epick" to ERROR for good.
+    import logging
+
+    before = logging.getLogger("epick").level
+    assert main(["replay", str(log), "--json"]) == 0
+    capsys.readouterr()
+    assert logging.getLogger("epick").level == before
