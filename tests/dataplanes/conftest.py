@@ -24,21 +24,7 @@ from epick_service import running
 from epick.bench.dataplanes import KINDS, Proxy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "envoy"))
-from replica import Replica  # noqa: E402  (the Envoy tests' replica, shared)
-
-
-@pytest.fixture
-def replicas() -> Iterator:
-    started: list[Replica] = []
-
-    def start(n: int, page: str | None = None, **kw) -> list[Replica]:
-        new = [Replica(page, **kw) for _ in range(n)]
-        started.extend(new)
-        return new
-
-    yield start
-    for r in started:
-        r.stop()
+from replica import replicas_fixture  # noqa: E402, F401  (the Envoy tests' replica fixture, shared)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import msgspec
 import pytest
 from envoy_harness import EXAMPLES, Envoy, EnvoyError, find_envoy, render
 from epick_service import running
-from replica import Replica
+from replica import replicas_fixture  # noqa: F401  (a fixture, shared with tests/dataplanes)
 
 from epick import config as cfg
 
@@ -56,20 +56,6 @@ def make_config(addresses, tmp: Path, *, policies=("load",), server=None,
         "admin": {"listen": "127.0.0.1:0"},
         "ext_proc": {"listen": "127.0.0.1:0", "base_model": BASE_MODEL, **ext_proc},
     }, cfg.Config)
-
-
-@pytest.fixture
-def replicas() -> Iterator:
-    started: list[Replica] = []
-
-    def start(n: int, page: str | None = None, **kw) -> list[Replica]:
-        new = [Replica(page, **kw) for _ in range(n)]
-        started.extend(new)
-        return new
-
-    yield start
-    for r in started:
-        r.stop()
 
 
 @pytest.fixture

@@ -22,8 +22,10 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 from fakes import vllm_page
 
 __all__ = ["Replica"]
@@ -169,3 +171,19 @@ class Replica:
                     pass
         self._server.server_close()
         self._thread.join()
+
+
+@pytest.fixture(name="replicas")
+def replicas_fixture() -> Iterator:
+    """``replicas(n, page=None, **kw)``: n started replicas, all stopped after the
+    test (a fixture for the Envoy and the NGINX/HAProxy suites; their conftests import it)."""
+    started: list[Replica] = []
+
+    def start(n: int, page: str | None = None, **kw) -> list[Replica]:
+        new = [Replica(page, **kw) for _ in range(n)]
+        started.extend(new)
+        return new
+
+    yield start
+    for r in started:
+        r.stop()
