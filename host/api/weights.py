@@ -307,7 +307,7 @@ class WeightsHub:
 
     def _basis(self):
         s = self.scheduler
-        return (s._view().version, s.policies, s.admission)
+        return (s.current_view().version, s.policies, s.admission)
 
     @staticmethod
     def _key(model: str, adapter: str, criticality) -> tuple[str, str, abi.Criticality]:
@@ -329,7 +329,7 @@ class WeightsHub:
         except SchedulingError as exc:
             if first and not isinstance(exc, Shed):
                 raise
-            view = self.scheduler._view()
+            view = self.scheduler.current_view()
             return WeightsTable(
                 model, adapter, criticality,
                 tuple(EndpointShare(a, 0.0, "") for a in view.addresses),

@@ -279,6 +279,11 @@ class Scheduler:
             )
         return decision
 
+    def current_view(self) -> PoolView:
+        """The pool's view a pick made now would read (for readers beside the picks, such
+        as the weights hub)."""
+        return self._view()
+
     def weigh(self, request: abi.Request) -> tuple[PoolView, tuple[int, ...], np.ndarray,
                                                    dict[int, str]]:
         """The filters and weighted scores :meth:`schedule` would compute for ``request``,
