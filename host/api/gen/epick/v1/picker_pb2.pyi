@@ -28,7 +28,7 @@ ERROR: CompletionStatus
 CANCELLED: CompletionStatus
 
 class PickRequest(_message.Message):
-    __slots__ = ("request_id", "model", "adapter", "prompt", "criticality", "seed", "explain", "headers", "cache_salt", "pin_endpoint")
+    __slots__ = ("request_id", "model", "adapter", "prompt", "criticality", "seed", "explain", "headers", "cache_salt", "pin_endpoint", "priority", "fairness_id", "slo_ttft_ms", "slo_tpot_ms", "session_id", "prompt_tokens")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,12 @@ class PickRequest(_message.Message):
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     PIN_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    FAIRNESS_ID_FIELD_NUMBER: _ClassVar[int]
+    SLO_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    SLO_TPOT_MS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     adapter: str
@@ -56,7 +62,13 @@ class PickRequest(_message.Message):
     headers: _containers.ScalarMap[str, str]
     cache_salt: str
     pin_endpoint: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., adapter: _Optional[str] = ..., prompt: _Optional[str] = ..., criticality: _Optional[_Union[Criticality, str]] = ..., seed: _Optional[int] = ..., explain: _Optional[bool] = ..., headers: _Optional[_Mapping[str, str]] = ..., cache_salt: _Optional[str] = ..., pin_endpoint: _Optional[str] = ...) -> None: ...
+    priority: int
+    fairness_id: str
+    slo_ttft_ms: int
+    slo_tpot_ms: int
+    session_id: str
+    prompt_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., adapter: _Optional[str] = ..., prompt: _Optional[str] = ..., criticality: _Optional[_Union[Criticality, str]] = ..., seed: _Optional[int] = ..., explain: _Optional[bool] = ..., headers: _Optional[_Mapping[str, str]] = ..., cache_salt: _Optional[str] = ..., pin_endpoint: _Optional[str] = ..., priority: _Optional[int] = ..., fairness_id: _Optional[str] = ..., slo_ttft_ms: _Optional[int] = ..., slo_tpot_ms: _Optional[int] = ..., session_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class PickResponse(_message.Message):
     __slots__ = ("endpoint", "fallbacks", "decision_id", "explanation")
@@ -71,14 +83,18 @@ class PickResponse(_message.Message):
     def __init__(self, endpoint: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., decision_id: _Optional[str] = ..., explanation: _Optional[_Union[Explanation, _Mapping]] = ...) -> None: ...
 
 class Explanation(_message.Message):
-    __slots__ = ("candidates", "snapshot_version", "skipped_policies")
+    __slots__ = ("candidates", "snapshot_version", "skipped_policies", "queue_wait_ms", "queue_reason")
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_VERSION_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_POLICIES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_REASON_FIELD_NUMBER: _ClassVar[int]
     candidates: _containers.RepeatedCompositeFieldContainer[CandidateExplanation]
     snapshot_version: int
     skipped_policies: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, candidates: _Optional[_Iterable[_Union[CandidateExplanation, _Mapping]]] = ..., snapshot_version: _Optional[int] = ..., skipped_policies: _Optional[_Iterable[str]] = ...) -> None: ...
+    queue_wait_ms: float
+    queue_reason: str
+    def __init__(self, candidates: _Optional[_Iterable[_Union[CandidateExplanation, _Mapping]]] = ..., snapshot_version: _Optional[int] = ..., skipped_policies: _Optional[_Iterable[str]] = ..., queue_wait_ms: _Optional[float] = ..., queue_reason: _Optional[str] = ...) -> None: ...
 
 class CandidateExplanation(_message.Message):
     __slots__ = ("endpoint", "total", "scores", "filtered_by", "rank", "shadow_scores", "reason", "in_flight", "picked_since_scrape", "prefix_blocks", "prefix_matched")
