@@ -99,6 +99,10 @@ class PoolConfig(_Table):
     scrape_interval_ms: PositiveMs = 50
     stale_after_ms: PositiveMs = 2000
     timeout_ms: PositiveMs = 5000
+    stale_grace_ms: Annotated[float, Meta(ge=0)] = 3000
+    """The last resort: while no endpoint is fresh, endpoints whose pages are only late
+    (timed out or still coming: a busy engine, not a refused connection or an error page)
+    are used on their last metrics this much past ``stale_after_ms``; 0 = off."""
     scrape_in: Literal["process", "loop"] = "process"
     """Fetch and parse pages in a child process (the event loop stays free for picks)
     or on the event loop itself."""

@@ -237,6 +237,7 @@ class Service:
         assignments = Assignments()
         self.pool = Pool(pc.endpoints, scrape_interval_ms=pc.scrape_interval_ms,
                          stale_after_ms=pc.stale_after_ms, timeout_ms=pc.timeout_ms,
+                         stale_grace_ms=pc.stale_grace_ms,
                          on_scrape=assignments.scraped,
                          reader=reader_for(pc.scrape_in, nice=pc.scrape_worker_nice,
                                            cpus=pc.scrape_worker_cpus))

