@@ -13,6 +13,8 @@ request list, open loop (arrivals at the workload's times, never waiting for ans
 - ``epick-precise``: another ``epick serve`` with ``precise-prefix`` in place of
   ``prefix-cache``, subscribed to every replica's KV-cache events (ZMQ, with replay) and
   tokenizing with the model's own tokenizer files;
+- ``legacy-v1``: an ``epick serve`` running only the seed's v1 router (``legacy-v1``, a
+  filter: the seed's multi-LoRA graduation criterion is "v2 >= v1" on real engines);
 - ``round-robin``; ``least-queue`` (fewest ``num_requests_waiting`` on a 50 ms scrape of
   the replicas' own pages, first on ties — as the simulator's router).
 
@@ -52,9 +54,11 @@ from epick.sim import workload as wl
 
 __all__ = ["main"]
 
-ROUTERS = ("epick", "epick-precise", "round-robin", "least-queue")
-#: The routers that are an ``epick serve`` process, and the prefix policy each runs.
-EPICK_PREFIX_POLICY = {"epick": "prefix-cache", "epick-precise": "precise-prefix"}
+ROUTERS = ("epick", "epick-precise", "legacy-v1", "round-robin", "least-queue")
+#: The routers that are an ``epick serve`` process, and the policies each runs.
+EPICK_POLICIES = {"epick": ("load", "prefix-cache", "lora-affinity"),
+                  "epick-precise": ("load", "precise-prefix", "lora-affinity"),
+                  "legacy-v1": ("legacy-v1",)}
 WORKLOADS = ("shared-prefix", "multi-lora", "zero-hit")
 
 
@@ -262,7 +266,7 @@ def _epick_config(fleet, router: str, path: Path) -> None:
         if precise:
             lines += [f'kv_events = "{r.kv_events_endpoint}"',
                       f'kv_replay = "{r.kv_replay_endpoint}"', f'kv_topic = "{r.kv_topic}"']
-    for p in ("load", EPICK_PREFIX_POLICY[router], "lora-affinity"):
+    for p in EPICK_POLICIES[router]:
         lines += ["[[policies]]", f'name = "{p}"', f'module = "{p}"']
     path.write_text("\n".join(lines) + "\n")
 
@@ -301,7 +305,7 @@ async def _bench(args, fleet) -> list[RunResult]:
         epicks: dict[str, tuple[subprocess.Popen, str]] = {}
         try:
             for router in args.routers:
-                if router in EPICK_PREFIX_POLICY:
+                if router in EPICK_POLICIES:
                     epicks[router] = _start_epick(fleet, router, Path(tmp))
             timeout = aiohttp.ClientTimeout(total=300)
             async with aiohttp.ClientSession(timeout=timeout) as http:
