@@ -83,6 +83,10 @@ class ServerConfig(_Table):
     """Prometheus /metrics; empty disables it."""
     picker: Literal["max", "weighted-random"] = "max"
     """max: highest total, seeded random tie-break; weighted-random: P ∝ total."""
+    work_conserving: bool = True
+    """Never send a request to a replica with requests waiting while an eligible replica
+    is idle (nothing running or waiting, nothing in flight from epick): the best idle one
+    goes first instead (docs/design.md)."""
     decision_ttl_s: Annotated[float, Meta(gt=0)] = 600.0
     """How long a decision waits for its ReportCompletion before it is forgotten."""
     max_decisions: Annotated[int, Meta(gt=0)] = 100_000

@@ -254,6 +254,7 @@ class Service:
             admission=AdmissionFilter(config.admission.queue_threshold,
                                       config.admission.kv_threshold),
             picker=make_picker(config.server.picker),
+            work_conserving=config.server.work_conserving,
             decision_ttl_s=config.server.decision_ttl_s,
             max_decisions=config.server.max_decisions,
         )

@@ -71,6 +71,9 @@ class Header(_Rec, tag="header"):
     admission_queue: int = 5
     admission_kv: float = 0.8
     decision_ttl_s: float = 600.0
+    work_conserving: bool = False
+    """The scheduler's work-conserving rule (``[server] work_conserving``); logs written
+    before it existed have none, so they replay without it."""
 
 
 class Module(_Rec, tag="module"):

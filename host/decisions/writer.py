@@ -420,6 +420,7 @@ class DecisionLog:
             admission_queue=getattr(adm, "queue_threshold", 5),
             admission_kv=float(getattr(adm, "kv_threshold", 0.8)),
             decision_ttl_s=float(getattr(sched, "decision_ttl_s", 600.0)),
+            work_conserving=bool(getattr(sched, "work_conserving", False)),
         ))
         self._header_written = True
 

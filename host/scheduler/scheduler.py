@@ -161,6 +161,7 @@ class Scheduler:
         fallbacks: int = 2,
         admission: AdmissionFilter = AdmissionFilter(),
         picker: Picker | None = None,
+        work_conserving: bool = True,
         recorder: Recorder | None = None,
         decision_ttl_s: float = 600.0,
         max_decisions: int = 100_000,
@@ -173,6 +174,7 @@ class Scheduler:
         self.host_filters = (FreshFilter(), AwakeFilter(), ServesModelFilter())
         self.admission = admission
         self.picker = picker or MaxScorePicker()
+        self.work_conserving = work_conserving
         self.recorder = recorder or _NullRecorder()
         self._wall_clock = wall_clock
         self.assignments: Ledger = assignments if assignments is not None else Assignments()
@@ -245,6 +247,8 @@ class Scheduler:
                                          keep=explain or sink is not None)
         t_scored = perf()
         order = self._pick(request, totals)
+        if self.work_conserving and not pin:
+            order = _conserve_work(endpoints, assignments, candidates, totals, order)
         picked = [candidates[o] for o in order]
         endpoint = endpoints[picked[0]].address
         t_picked = perf()
@@ -529,3 +533,31 @@ def _apply(name: str, kept: tuple[int, ...], candidates: tuple[int, ...],
             if i not in kept_set:
                 why[i] = name
     return kept
+
+
+def _conserve_work(endpoints, assignments: Ledger, candidates: tuple[int, ...],
+                   totals: np.ndarray, order: list[int]) -> list[int]:
+    """The host's work-conserving rule: never send a request to a replica that has
+    requests waiting while an eligible one is idle (nothing running, nothing waiting,
+    nothing epick sent it in flight or since its last scrape). Then the best-scored idle
+    candidate goes first and the rest keep their order.
+
+    Affinity may concentrate work at light load, but not leave capacity idle while
+    requests queue (issue 30: on 50 ms scrapes, affinity kept one replica's queue while
+    the other sat empty). The usual case costs one read: the primary has nothing waiting.
+    """
+    first = endpoints[candidates[order[0]]]
+    if first.waiting == 0:
+        return order
+    best = -1
+    for pos in range(len(candidates)):
+        m = endpoints[candidates[pos]]
+        if m.waiting or m.running:
+            continue
+        if assignments.in_flight(m.address) or assignments.picked_since_scrape(m.address):
+            continue
+        if best < 0 or totals[pos] > totals[best]:
+            best = pos
+    if best < 0:
+        return order
+    return [best, *(o for o in order if o != best)][:len(order)]

@@ -134,9 +134,10 @@ def test_failing_scorer_is_skipped_counted_and_the_pick_still_succeeds():
 
 
 def test_weights_combine_scores():
-    # lora prefers endpoint 1 (adapter running); load prefers endpoint 2 (empty queue).
+    # lora prefers endpoint 1 (adapter running); load prefers endpoint 2 (empty queue;
+    # one running, so the work-conserving rule has no idle replica to step in for).
     p = view(ep(1, waiting=10, max_lora=1, running_adapters=("a",)),
-             ep(2, waiting=0, max_lora=1, running_adapters=("b",)))
+             ep(2, waiting=0, running=1, max_lora=1, running_adapters=("b",)))
     lora = lambda w: PolicyEntry("lora", PyLoraAffinity(), weight=w)  # noqa: E731
     load = PolicyEntry("load", PyLoad(), weight=1.0)
     assert sched(p, lora(3.0), load).schedule(req(adapter="a")).endpoint == "10.0.0.1:8000"
@@ -353,3 +354,49 @@ def test_shadow_agreement_is_tallied_per_plugin_and_a_new_load_starts_fresh():
     fresh = PyLoraAffinity()
     s.policies = s.policies.put(PolicyEntry("lora", fresh, shadow=True))
     assert s.shadow_agreement(fresh) == 0.0 and s.shadow_agreement(lora) == 1.0
+
+
+class Favour:
+    """Scores one address 1 and the rest 0: affinity strong enough to beat any load."""
+
+    capabilities = Capabilities.SCORE
+
+    def __init__(self, address: str) -> None:
+        self.name, self.address = "favour", address
+
+    def score(self, cycle, candidates):
+        endpoints = cycle.view.snapshot.endpoints
+        return np.array([1.0 if endpoints[i].address == self.address else 0.0
+                         for i in candidates])
+
+
+def test_work_conserving_sends_past_a_queue_to_an_idle_replica():
+    """Issue 30: affinity may concentrate work, not leave a replica idle while another
+    queues. The best-scored idle replica goes first; the rest keep their order."""
+    p = view(ep(1, waiting=3, running=4), ep(2, running=2), ep(3), ep(4))
+    s = sched(p, PolicyEntry("favour", Favour("10.0.0.1:8000")))
+    d = s.schedule(req())
+    assert d.endpoint in ("10.0.0.3:8000", "10.0.0.4:8000")
+    assert d.fallbacks[0] == "10.0.0.1:8000"  # the favourite is still next
+    assert len(d.fallbacks) == 2
+
+
+def test_work_conserving_counts_what_epick_sent_since_the_scrape_as_work():
+    p = view(ep(1, waiting=3), ep(2))
+    s = sched(p, PolicyEntry("favour", Favour("10.0.0.1:8000")))
+    s.assignments.picked("10.0.0.2:8000")  # not idle: epick just sent it one
+    assert s.schedule(req()).endpoint == "10.0.0.1:8000"
+
+
+def test_work_conserving_leaves_affinity_alone_when_nothing_waits_or_nothing_is_idle():
+    favour = PolicyEntry("favour", Favour("10.0.0.1:8000"))
+    assert sched(view(ep(1, running=5), ep(2)), favour).schedule(req()).endpoint == \
+        "10.0.0.1:8000"  # nothing waits: affinity may concentrate
+    assert sched(view(ep(1, waiting=2), ep(2, running=1)), favour).schedule(
+        req()).endpoint == "10.0.0.1:8000"  # nobody idle
+
+
+def test_work_conserving_off_keeps_the_scored_order():
+    p = view(ep(1, waiting=3), ep(2))
+    s = sched(p, PolicyEntry("favour", Favour("10.0.0.1:8000")), work_conserving=False)
+    assert s.schedule(req()).endpoint == "10.0.0.1:8000"

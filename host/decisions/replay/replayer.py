@@ -114,7 +114,8 @@ class Replayer:
             # Counts come from the log, one decision at a time (given to each schedule).
             assignments=RecordedCounts({}, False), kv=None,
             admission=AdmissionFilter(h.admission_queue, h.admission_kv),
-            picker=make_picker(h.picker), recorder=self._errors,
+            picker=make_picker(h.picker), work_conserving=h.work_conserving,
+            recorder=self._errors,
             # Expire decisions on the recorded clock, with slack: a completion the live
             # service knew must stay known here.
             decision_ttl_s=h.decision_ttl_s + 60.0, max_decisions=1 << 40,
