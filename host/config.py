@@ -240,6 +240,12 @@ class ExtProcConfig(_Table):
     expose_endpoint: bool = False
     """Tell the client which backend served it (``x-gateway-destination-endpoint`` on the
     response). Off by default: backend addresses stay inside."""
+    conformance_hooks: bool = False
+    """The upstream Gateway conformance suite's test hooks (docs/envoy.md): the request
+    header ``test-epp-endpoint-selection`` restricts the pick to the listed endpoint IPs
+    (``ip`` or ``ip:port``, comma-separated), and the response carries
+    ``x-conformance-test-served-endpoint`` / ``-selected-endpoint``. Off by default: any
+    client could steer its own request. For a gateway's conformance run only."""
     objectives: dict[str, Objective] = {}
     """The older place of ``openai.objectives``."""
     model_rewrites: dict[str, str] = {}
