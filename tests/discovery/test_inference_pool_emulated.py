@@ -240,7 +240,9 @@ def test_pool_objects_are_read_as_upstreams_v1_or_refused_by_field(change, messa
 
 
 def test_config_errors_name_the_source():
-    convert = lambda **kw: msgspec.convert({"name": "fleet", **kw}, InferencePoolSourceConfig)
+    def convert(**kw):
+        return msgspec.convert({"name": "fleet", **kw}, InferencePoolSourceConfig)
+
     with pytest.raises(ValueError, match="set api_server or kubeconfig, not both"):
         convert(api_server="http://127.0.0.1:1", kubeconfig="~/.kube/config")
     with pytest.raises(ValueError, match="is not an http"):
