@@ -114,8 +114,9 @@ class PoolConfig(_Table):
     sources: list[SourceTable] = []  # type: ignore[valid-type]
     """Endpoint sources beside ``endpoints`` (docs/discovery.md): ``kind = "dns"`` with
     ``name``, ``port`` (unset: SRV), ``resolver``, ``min_ttl_s``, ``max_ttl_s``,
-    ``timeout_s`` and a ``template`` for the endpoints found. A static endpoint's address
-    wins over a discovered one."""
+    ``timeout_s`` and a ``template`` for the endpoints found; ``kind = "inference-pool"``
+    with ``name``, ``namespace``, ``api_server`` / ``kubeconfig`` (neither: in-cluster) and
+    a ``template``. A static endpoint's address wins over a discovered one."""
 
     def __post_init__(self) -> None:
         described = [s.describe() for s in self.sources]

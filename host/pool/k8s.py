@@ -70,7 +70,7 @@ RBAC_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (GROUP, PLURAL, ("get", "list", "watch")),
 )
 
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_DNS_LABEL = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$"  # or empty
 _DNS_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 
