@@ -115,8 +115,9 @@ class KubeEmulator:
                            {"type": "Ready", "status": state},
                            {"type": "ContainersReady", "status": state}]}}, namespace)
 
-    def requests(self) -> int:
-        return len(self._handler)
+    def authorizations(self) -> set[str]:
+        """The ``Authorization`` headers of every request the emulator has seen."""
+        return {r.headers.get("Authorization", "") for r in list(self._handler)}
 
     # -- breaking the watches -----------------------------------------------------------
 

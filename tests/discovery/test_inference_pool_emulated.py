@@ -250,3 +250,36 @@ def test_config_errors_name_the_source():
     with pytest.raises(msgspec.ValidationError, match="namespace"):
         convert(namespace="Not_A_Label")
     assert convert(namespace="llm").describe() == "inference-pool:llm/fleet"
+
+
+async def test_a_kubeconfig_and_its_context_lead_to_the_cluster(tmp_path):
+    with emulator() as emu:
+        emu.create(POOLS, pool("fleet", labels=VLLM, ports=[8000], namespace="llm"))
+        emu.create(PODS, pod("vllm-a", labels=VLLM, ip="10.0.0.1", ready=True, namespace="llm"))
+        emu.create(PODS, pod("vllm-b", labels=VLLM, ip="10.0.0.2", ready=True))  # default ns
+        kubeconfig = tmp_path / "config"
+        kubeconfig.write_text(f"""
+apiVersion: v1
+kind: Config
+current-context: elsewhere
+clusters:
+  - name: emulated
+    cluster: {{server: "{emu.url}"}}
+  - name: nowhere
+    cluster: {{server: "http://127.0.0.1:1"}}
+users:
+  - name: tester
+    user: {{token: not-checked-by-the-emulator}}
+contexts:
+  - name: emulated
+    context: {{cluster: emulated, user: tester, namespace: llm}}
+  - name: elsewhere
+    context: {{cluster: nowhere, user: tester}}
+""")
+        w = Watcher(emu, api_server="", kubeconfig=str(kubeconfig), context="emulated",
+                    namespace="llm")
+        async with anyio.create_task_group() as tg:
+            await tg.start(w.source.run, w.publish)
+            await w.until({"10.0.0.1:8000"})
+            tg.cancel_scope.cancel()
+        assert "Bearer not-checked-by-the-emulator" in emu.authorizations()
