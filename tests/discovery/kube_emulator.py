@@ -81,6 +81,7 @@ class KubeEmulator:
         self._relay: asyncio.Server | None = None
         self._links: list = []
         self._upstream = 0
+        self._gone: list[str] = []
         self.port = 0
         self.admin = ""
 
@@ -114,6 +115,11 @@ class KubeEmulator:
             "conditions": [{"type": "Initialized", "status": "True"},
                            {"type": "Ready", "status": state},
                            {"type": "ContainersReady", "status": state}]}}, namespace)
+
+    def expire_next_watch(self, plural: str) -> None:
+        """The next WATCH of ``plural`` is answered by an ERROR event, ``410 Gone`` (the
+        resourceVersion asked for is too old), as a real API server says it."""
+        self._gone.append(plural)
 
     def authorizations(self) -> set[str]:
         """The ``Authorization`` headers of every request the emulator has seen."""
@@ -178,6 +184,19 @@ def emulator() -> Iterator[KubeEmulator]:
                 handler.resources[POOLS] = kmock.ResourceInfo(kind="InferencePool",
                                                               namespaced=True)
                 handler.resources[PODS] = kmock.ResourceInfo(kind="Pod", namespaced=True)
+
+                def gone(req) -> bool:
+                    plural = req.url.path.rsplit("/", 1)[-1]
+                    return req.params.get("watch") == "true" and plural in emu._gone
+
+                def expired(req) -> dict:
+                    emu._gone.remove(req.url.path.rsplit("/", 1)[-1])
+                    return {"type": "ERROR", "object": {
+                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "code": 410, "reason": "Expired",
+                        "message": "too old resource version: 1 (2)"}}
+
+                handler[gone] << expired
                 emu._handler = handler
                 async with apps.Server(handler) as admin:
                     emu.admin = str(admin.url).rstrip("/")

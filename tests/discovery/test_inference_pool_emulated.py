@@ -147,6 +147,28 @@ async def test_a_broken_watch_is_followed_by_a_resync_that_finds_what_it_missed(
         assert "keeping the last 2 endpoints" in warnings[0].getMessage()
 
 
+async def test_a_410_gone_watch_is_followed_by_a_resync():
+    with emulator() as emu:
+        emu.create(POOLS, pool("fleet", labels=VLLM, ports=[8000]))
+        emu.create(PODS, pod("vllm-a", labels=VLLM, ip="10.0.0.1", ready=True))
+        w = Watcher(emu)
+        before = errors(w.config.describe(), "api")
+        async with anyio.create_task_group() as tg:
+            await tg.start(w.source.run, w.publish)
+            await w.until({"10.0.0.1:8000"})
+            emu.expire_next_watch("pods")
+            await call(emu.break_watches)  # the re-watch after this gets the 410
+            await call(emu.resume)
+            with anyio.fail_after(3):
+                while errors(w.config.describe(), "api") == before:
+                    await anyio.sleep(0.01)
+            await call(emu.create, PODS, pod("vllm-b", labels=VLLM, ip="10.0.0.2", ready=True))
+            await w.until({"10.0.0.1:8000", "10.0.0.2:8000"}, timeout=2.0)
+            assert w.now == {"10.0.0.1:8000", "10.0.0.2:8000"}
+            tg.cancel_scope.cancel()
+        assert emu._gone == []
+
+
 async def test_a_malformed_pool_is_an_error_naming_the_field_and_the_last_set_is_kept(caplog):
     with emulator() as emu:
         emu.create(POOLS, pool("fleet", labels=VLLM, ports=[8000]))
