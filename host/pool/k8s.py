@@ -80,8 +80,8 @@ class InferencePoolSourceConfig(SourceConfig, frozen=True, kw_only=True, tag="in
     name: Annotated[str, Meta(pattern=_DNS_NAME)]
     """The InferencePool's name."""
     namespace: Annotated[str, Meta(pattern=_DNS_LABEL)] = ""
-    """Its namespace (pods are selected in it too); empty: the service account's
-    namespace in a cluster, else ``default``."""
+    """Its namespace (pods are selected in it too); empty: the kubeconfig context's, or
+    the service account's in a cluster; else ``default``."""
     api_server: str = ""
     """The API server's URL (``http://127.0.0.1:8001`` behind ``kubectl proxy``, tests);
     empty: ``kubeconfig`` if set, else the in-cluster service account."""
@@ -150,9 +150,12 @@ async def _api_client(config: InferencePoolSourceConfig):
         cfg.host = config.api_server.rstrip("/")
     elif config.kubeconfig:
         import os
-        await kconfig.load_kube_config(config_file=os.path.expanduser(config.kubeconfig),
-                                       context=config.context or None,
-                                       client_configuration=cfg, persist_config=False)
+        loader = await kconfig.load_kube_config(
+            config_file=os.path.expanduser(config.kubeconfig), context=config.context or None,
+            client_configuration=cfg, persist_config=False)
+        if not namespace:  # the context's own namespace, as kubectl takes it
+            context = (loader.current_context or {}).get("context") or {}
+            namespace = context.get("namespace") or ""
     else:
         kconfig.load_incluster_config(client_configuration=cfg)
         if not namespace:

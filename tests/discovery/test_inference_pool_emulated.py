@@ -298,8 +298,8 @@ contexts:
   - name: elsewhere
     context: {{cluster: nowhere, user: tester}}
 """)
-        w = Watcher(emu, api_server="", kubeconfig=str(kubeconfig), context="emulated",
-                    namespace="llm")
+        # No namespace: the context's (llm), as kubectl takes it.
+        w = Watcher(emu, api_server="", kubeconfig=str(kubeconfig), context="emulated")
         async with anyio.create_task_group() as tg:
             await tg.start(w.source.run, w.publish)
             await w.until({"10.0.0.1:8000"})
