@@ -294,6 +294,10 @@ class InferencePoolSource:
                 pod = parse_pod(item)
             except InvalidObject as exc:
                 self._bad_object(exc)
+                name = ((item.get("metadata") or {}).get("name")
+                        if isinstance(item, dict) else None)
+                if isinstance(name, str) and name in self.pods:  # kept as last seen
+                    pods[name] = self.pods[name]
                 continue
             if matches(pool, pod):
                 pods[pod.name] = pod
