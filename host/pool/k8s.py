@@ -164,7 +164,9 @@ async def _api_client(config: InferencePoolSourceConfig):
                     namespace = f.read().strip()
             except OSError:
                 pass
-    return client.ApiClient(configuration=cfg), namespace or "default"
+    api = client.ApiClient(configuration=cfg)
+    api.user_agent = "epick (pool.sources inference-pool)"  # who asks, in the API's audit log
+    return api, namespace or "default"
 
 
 class InferencePoolSource:
