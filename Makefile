@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # setuptools says "Editable installation." on every editable install: information only.
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: demo test test-perf dnsmasq lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real test-dataplanes
+.PHONY: demo test test-perf dnsmasq lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real test-dataplanes wheel
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+## wheel: dist/epick-*.whl with the built-in policies (what deploy/Containerfile installs)
+wheel: $(STAMP)
+	$(PY) -m epick.policies_build
+	$(PY) -m pip wheel --no-deps --no-build-isolation -q -w dist .
 
 ## proto: regenerate the gRPC stubs from proto/ (committed; never hand-edited)
 proto: $(STAMP)

@@ -122,8 +122,9 @@ class PoolConfig(_Table):
     sources: list[SourceTable] = []  # type: ignore[valid-type]
     """Endpoint sources beside ``endpoints`` (docs/discovery.md): ``kind = "dns"`` with
     ``name``, ``port`` (unset: SRV), ``resolver``, ``min_ttl_s``, ``max_ttl_s``,
-    ``timeout_s`` and a ``template`` for the endpoints found. A static endpoint's address
-    wins over a discovered one."""
+    ``timeout_s`` and a ``template`` for the endpoints found; ``kind = "inference-pool"``
+    with ``name``, ``namespace``, ``api_server`` / ``kubeconfig`` (neither: in-cluster) and
+    a ``template``. A static endpoint's address wins over a discovered one."""
 
     def __post_init__(self) -> None:
         described = [s.describe() for s in self.sources]
@@ -248,6 +249,12 @@ class ExtProcConfig(_Table):
     expose_endpoint: bool = False
     """Tell the client which backend served it (``x-gateway-destination-endpoint`` on the
     response). Off by default: backend addresses stay inside."""
+    conformance_hooks: bool = False
+    """The upstream Gateway conformance suite's test hooks (docs/envoy.md): the request
+    header ``test-epp-endpoint-selection`` restricts the pick to the listed endpoint IPs
+    (``ip`` or ``ip:port``, comma-separated), and the response carries
+    ``x-conformance-test-served-endpoint`` / ``-selected-endpoint``. Off by default: any
+    client could steer its own request. For a gateway's conformance run only."""
     objectives: dict[str, Objective] = {}
     """The older place of ``openai.objectives``."""
     model_rewrites: dict[str, str] = {}

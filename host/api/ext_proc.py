@@ -33,6 +33,15 @@ Upstream's protocol, kept: the header ``x-gateway-destination-endpoint`` and the
 ``metadata_context["envoy.lb.subset_hint"]["x-gateway-destination-endpoint-subset"]``
 restricts the pick to those endpoints (none eligible: 503).
 
+Gateway conformance hooks (``conformance_hooks = true``; off by default, since any client
+could steer its own request with the header): the upstream conformance suite's request
+header ``test-epp-endpoint-selection: ip[:port][,...]`` restricts the pick to those
+endpoints (a bare IP: every port on it; it replaces a subset hint; nothing eligible is a
+429, as upstream's picker answers), and the response carries
+``x-conformance-test-served-endpoint`` (the data plane's served-endpoint metadata, or
+upstream's ``fail: ...`` text when it is missing) and ``x-conformance-test-selected-endpoint``
+(epick's pick) — what the suite's reference picker does.
+
 ``failure_mode`` covers epick failing to decide (a bug: an unexpected exception): ``open``
 lets the request through with no destination header — Envoy's route for requests without
 one takes it — and ``closed`` answers 503. Epick's *decisions* (429, 503, 400) are the
@@ -83,6 +92,9 @@ __all__ = [
     "SUBSET_NAMESPACE",
     "SUBSET_KEY",
     "SERVICE_NAME",
+    "TEST_SELECTION_HEADER",
+    "TEST_SERVED_HEADER",
+    "TEST_SELECTED_HEADER",
 ]
 
 log = logging.getLogger("epick.ext_proc")
@@ -96,6 +108,11 @@ DECISION_HEADER = "x-epick-decision-id"
 #: Where a data plane puts the endpoints a pick must come from (proposal 004).
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+
+#: The conformance suite's hooks (``conformance_hooks``; upstream's names).
+TEST_SELECTION_HEADER = "test-epp-endpoint-selection"
+TEST_SERVED_HEADER = "x-conformance-test-served-endpoint"
+TEST_SELECTED_HEADER = "x-conformance-test-selected-endpoint"
 
 SERVICE_NAME = ep.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
 #: Largest ProcessingRequest accepted (a buffered body and its headers).
@@ -162,6 +179,19 @@ def _subset(ctx: base_pb2.Metadata) -> list[str] | None:
     return out
 
 
+def _test_selection(value: str) -> list[str]:
+    """The conformance header's entries as the subset filter reads them (``ip:port`` or a
+    bare ``ip``; a bare IPv6 address bracketed, as epick writes addresses)."""
+    out = []
+    for item in value.split(","):
+        item = item.strip()
+        if item.count(":") > 1 and not item.startswith("["):
+            item = f"[{item}]"
+        if item:
+            out.append(item)
+    return out
+
+
 class _Stream:
     """One HTTP request's ext_proc conversation (one gRPC stream).
 
@@ -171,7 +201,7 @@ class _Stream:
 
     __slots__ = ("svc", "duplex", "response_mode", "headers", "chunks", "size", "subset",
                  "subset_error", "started", "decision", "status", "response_started",
-                 "response_done", "served", "reported", "usage", "ended")
+                 "response_done", "served", "lb_metadata", "reported", "usage", "ended")
 
     def __init__(self, svc: ExtProcService) -> None:
         self.svc = svc
@@ -188,6 +218,7 @@ class _Stream:
         self.response_started = False
         self.response_done = False
         self.served = ""
+        self.lb_metadata: bool | None = None  # None: no namespace; False: no served key
         self.reported = False
         self.usage: UsageReader | None = None
         self.ended = False
@@ -276,15 +307,22 @@ class _Stream:
             return self._end(immediate(500, f"epick ext_proc: {self.subset_error}",
                                        "server_error", reason="rejected-internal"))
         raw = b"".join(self.chunks) if len(self.chunks) != 1 else self.chunks[0]
+        subset, selected = self.subset, None
+        if svc.config.conformance_hooks:
+            selected = _test_selection(self.headers.get(TEST_SELECTION_HEADER, "")) or None
+            subset = selected or subset
         try:
             parsed = translate_with(svc.openai, self.headers, self.headers.get(":path", "/"),
                                     raw or None)
         except Exception as exc:  # malformed (invalid), or a bug (error)
             parsed, verdict = None, svc.decider.refuse(exc, started=t0)
         else:
-            verdict = svc.decider.decide(parsed.pick, subset=self.subset, started=t0)
+            verdict = svc.decider.decide(parsed.pick, subset=subset, started=t0)
         decision = verdict.decision
         if decision is None:
+            if selected and verdict.outcome == "unavailable":
+                # Upstream's picker: no listed endpoint is a 429 (its suite expects it).
+                return self._end(_immediate(refusal("shed", verdict.message)))
             if verdict.outcome != "error":  # epick's decision: the same in both modes
                 return self._end(_immediate(refusal(verdict.outcome, verdict.message)))
             if svc.config.failure_mode == "closed":
@@ -350,6 +388,12 @@ class _Stream:
             mutation.set_headers.append(_header(DESTINATION_HEADER, self.served or d.endpoint))
         else:
             mutation.remove_headers.append(DESTINATION_HEADER)
+        if self.svc.config.conformance_hooks:
+            served = (self.served if self.served
+                      else "fail: missing envoy lb metadata" if self.lb_metadata is None
+                      else "fail: missing destination endpoint served metadata")
+            mutation.set_headers.append(_header(TEST_SERVED_HEADER, served))
+            mutation.set_headers.append(_header(TEST_SELECTED_HEADER, d.endpoint))
         return ep.ProcessingResponse(response_headers=ep.HeadersResponse(
             response=ep.CommonResponse(header_mutation=mutation)))
 
@@ -373,8 +417,10 @@ class _Stream:
 
     def _read_metadata(self, ctx: base_pb2.Metadata) -> None:
         ns = ctx.filter_metadata.get(self.svc.config.metadata_namespace)
-        if ns is not None and SERVED_KEY in ns.fields:
-            self.served = ns.fields[SERVED_KEY].string_value
+        if ns is not None:
+            self.lb_metadata = bool(self.lb_metadata) or SERVED_KEY in ns.fields
+            if SERVED_KEY in ns.fields:
+                self.served = ns.fields[SERVED_KEY].string_value
         if self.decision is None:
             try:
                 subset = _subset(ctx)

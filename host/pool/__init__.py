@@ -12,10 +12,12 @@ Modules: ``spec`` (EndpointSpec), ``parse`` (a /metrics page -> EndpointMetrics)
 through, given to it: ``Reader``, ``reader_for``), ``fetch`` (``HttpReader``: aiohttp, the
 default), ``worker`` (``ScrapeWorker``: the same reads in a child process), ``errors``
 (ScrapeError), ``sources`` (endpoint sources beside the static list: the registry
-and the runner), ``dns`` (the DNS source).
+and the runner), ``dns`` (the DNS source), ``k8s`` (the Kubernetes InferencePool source;
+``k8s_objects`` reads its objects).
 """
 
 from epick.pool import dns as _dns  # noqa: F401  (registers kind = "dns")
+from epick.pool import k8s as _k8s  # noqa: F401  (registers kind = "inference-pool")
 from epick.pool.errors import SCRAPE_ERROR_KINDS, ScrapeError
 from epick.pool.parse import ENGINE_METRICS, parse_metrics
 from epick.pool.pool import MAX_BACKOFF_MS, EndpointStatus, Pool

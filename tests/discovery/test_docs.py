@@ -31,3 +31,26 @@ def test_the_commented_example_in_epick_toml_is_a_valid_config():
                        source="examples/epick.toml")
     (source,) = config.pool.sources
     assert source.template.spec("10.0.0.1", 8000).kv_events == "tcp://10.0.0.1:5557"
+
+
+def test_the_commented_inference_pool_example_in_epick_toml_is_a_valid_config():
+    lines = (ROOT / "examples" / "epick.toml").read_text().splitlines()
+    start = [i for i, line in enumerate(lines) if line == "# [[pool.sources]]"][1]
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("#"):
+            break
+        block.append(line[2:])
+    config = cfg.loads("version = 1\n" + "\n".join(block), source="examples/epick.toml")
+    (source,) = config.pool.sources
+    assert (source.describe(), source.watch_timeout_s, source.template.labels) == (
+        "inference-pool:-/vllm-llama", 300, {"pool": "vllm-llama"})
+
+
+def test_the_inference_pool_example_in_the_docs_is_a_valid_config():
+    text = (ROOT / "docs" / "discovery.md").read_text()
+    block = next(b for b in re.findall(r"```toml\n(.*?)```", text, re.S)
+                 if 'kind = "inference-pool"' in b)
+    config = cfg.loads("version = 1\n" + block, source="docs/discovery.md")
+    (source,) = config.pool.sources
+    assert source.name == "vllm-llama"
