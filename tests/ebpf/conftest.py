@@ -15,6 +15,7 @@ Fixtures:
     bpffs              a fresh bpffs mount, unmounted after
     agent(target, vips)   examples/ebpf/agent.py on the venv's python, attached to
                        ``cgroup``, maps pinned in ``bpffs``; stopped (SIGTERM) after
+    sim_fleet          three simulated vLLM replicas (``python -m epick.sim serve``)
     connect_many(vip, n)  n new TCP connections from a process in ``cgroup``: which
                        replica answered each (its x-served-by), or the connect() error
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import select
 import signal
 import subprocess
 import sys
@@ -182,7 +184,9 @@ for _ in range(n):
         head = data.split(b"\r\n\r\n")[0].decode()
         served = [h.split(":", 1)[1].strip() for h in head.split("\r\n")
                   if h.lower().startswith("x-served-by:")]
-        key = served[0] if served else "no x-served-by"
+        # The replica's own word where it gives one (tests/envoy/replica.py), else the
+        # address the socket is connected to (the simulated fleet names no one).
+        key = served[0] if served else "%s:%d" % s.getpeername()
     except OSError as exc:
         key = "error " + errno.errorcode.get(exc.errno, str(exc))
     finally:
@@ -200,3 +204,32 @@ def connect_many(cgroup):
                              capture_output=True, text=True, timeout=120, check=True)
         return Counter(json.loads(out.stdout))
     return run
+
+
+@pytest.fixture
+def sim_fleet() -> Iterator[list[str]]:
+    """Three simulated replicas (real-time driver, 4 adapters, 1 LoRA slot each) in a
+    child process, as tests/envoy/test_envoy_sim.py starts them; their addresses."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epick.sim", "serve", "--replicas", "3", "--adapters", "4",
+         "--max-lora", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL)
+    try:
+        addresses: list[str] = []
+        buf = b""
+        deadline = time.monotonic() + 30
+        while len(addresses) < 3:
+            left = deadline - time.monotonic()
+            assert left > 0 and proc.poll() is None, "the simulated fleet did not start"
+            if select.select([proc.stdout], [], [], left)[0]:
+                buf += os.read(proc.stdout.fileno(), 4096)
+                *lines, buf = buf.split(b"\n")
+                addresses += [ln.split()[1].decode() for ln in lines if ln.startswith(b"READY ")]
+        yield addresses
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

@@ -32,7 +32,8 @@ def epick(addresses, tmp: Path, policies=("load",)):
 
 
 def epick_weights(svc, **request) -> dict[str, float]:
-    call = svc.picker.WatchWeights(pb.WeightsRequest(model="m", **request), timeout=10)
+    call = svc.picker.WatchWeights(pb.WeightsRequest(**({"model": "m"} | request)),
+                                   timeout=10)
     table = next(iter(call))
     call.cancel()
     return {e.endpoint: e.weight for e in table.endpoints}
