@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ebpf_results import RESULTS
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "ebpf"
@@ -45,6 +46,13 @@ sys.path.insert(0, str(EXAMPLE))
 sys.path.insert(0, str(REPO / "tests" / "envoy"))
 from agent import Balancer, BpfError  # noqa: E402
 from replica import replicas_fixture  # noqa: E402, F401  (the Envoy tests' replicas)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if RESULTS:
+        terminalreporter.section("tests/ebpf results")
+        for line in RESULTS:
+            terminalreporter.write_line(line)
 
 
 def _mounts() -> list[tuple[str, str]]:
@@ -141,6 +149,17 @@ class Agent:
             self.seen.append(event)
             if predicate(event):
                 return event
+
+    def table(self, vip: str, pred=lambda e: True, timeout: float = 10.0) -> dict:
+        """``vip``'s applied table once it satisfies ``pred``: the latest one already
+        read if it does (the agent writes each address's first table in any order),
+        else the next one that does."""
+        last = next((e for e in reversed(self.seen)
+                     if e["event"] == "applied" and e["vip"] == vip), None)
+        if last is not None and pred(last):
+            return last
+        return self.until(lambda e: e["event"] == "applied" and e["vip"] == vip
+                          and pred(e), timeout)
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -1,7 +1,7 @@
 """epick's eBPF L4 load balancer end to end: real replicas, a real epick, the agent
 following WatchWeights, the cgroup/connect4 program in the kernel, and client processes
-whose connect() the kernel rewrites. Each test prints one ``RESULT`` line (``-s`` or the
-make target's summary shows them)."""
+whose connect() the kernel rewrites. Each test records one ``RESULT`` line (printed in
+the run's summary)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from ebpf_results import result
 from epick_service import make_config, running
 from fakes import vllm_page
 
@@ -39,14 +40,6 @@ def epick_weights(svc, **request) -> dict[str, float]:
     return {e.endpoint: e.weight for e in table.endpoints}
 
 
-def applied(vip: str, pred=lambda e: True):
-    return lambda e: e["event"] == "applied" and e["vip"] == vip and pred(e)
-
-
-def result(name: str, **fields) -> None:
-    print(f"RESULT {name}: " + json.dumps(fields, sort_keys=True))
-
-
 def test_new_connections_land_in_proportion_to_the_weights(
         replicas, tmp_path, agent, connect_many):
     # KV use 0 / 20 / 40 %: shares of roughly a half, a third and a fifth (softmax)
@@ -55,7 +48,7 @@ def test_new_connections_land_in_proportion_to_the_weights(
     vip = f"{VIP}:8000"
     with epick(addresses, tmp_path) as svc:
         lb = agent(svc.target, [f"{vip},model=m"])
-        first = lb.until(applied(vip, lambda e: len(e["slots"]) == 3))
+        first = lb.table(vip, lambda e: len(e["slots"]) == 3)
         weights = epick_weights(svc)
         counts = connect_many(vip, 1000)
     assert sum(counts.values()) == 1000
@@ -75,11 +68,11 @@ def test_a_saturated_replica_loses_its_share_within_one_second(
     vip = f"{VIP}:8001"
     with epick([a.address, b.address, c.address], tmp_path) as svc:
         lb = agent(svc.target, [f"{vip},model=m"])
-        lb.until(applied(vip, lambda e: len(e["slots"]) == 3))
+        lb.table(vip, lambda e: len(e["slots"]) == 3)
         before = connect_many(vip, 150)
         changed_at = time.time()
         b.page = SATURATED  # what the next scrape of b sees
-        gone = lb.until(applied(vip, lambda e: b.address not in e["slots"]), timeout=5)
+        gone = lb.table(vip, lambda e: b.address not in e["slots"], timeout=5)
         after = connect_many(vip, 300)
     delay = gone["applied_at"] - changed_at
     result("saturated", delay_s=round(delay, 3), before=dict(before), after=dict(after),
@@ -98,8 +91,8 @@ def test_a_per_adapter_virtual_address_goes_where_the_adapter_is_resident(
     base_vip, adapter_vip = f"{VIP}:8002", f"{VIP}:8003"
     with epick(addresses, tmp_path, policies=("load", "prefix-cache", "lora-affinity")) as svc:
         lb = agent(svc.target, [f"{base_vip},model=m", f"{adapter_vip},model=m,adapter=sql-lora"])
-        lb.until(applied(adapter_vip))
-        lb.until(applied(base_vip))
+        lb.table(adapter_vip, lambda e: set(e["slots"]) == {r.address for r in resident})
+        lb.table(base_vip, lambda e: len(e["slots"]) == 4)
         weights = epick_weights(svc, adapter="sql-lora")
         on_adapter = connect_many(adapter_vip, 1000)
         on_base = connect_many(base_vip, 400)
@@ -118,7 +111,7 @@ def test_no_eligible_replica_refuses_the_connect_and_the_agent_cleans_up(
     vip = f"{VIP}:8004"
     with epick([only.address], tmp_path) as svc:
         lb = agent(svc.target, [f"{vip},model=m,criticality=SHEDDABLE"])
-        lb.until(applied(vip, lambda e: e["slots"] == {only.address: 1024}))
+        lb.table(vip, lambda e: e["slots"] == {only.address: 1024})
         attached = subprocess.run(["bpftool", "-j", "cgroup", "show", cgroup],
                                   capture_output=True, text=True, check=True).stdout
         assert [p["name"] for p in json.loads(attached)] == ["epick_connect4"]
@@ -128,7 +121,7 @@ def test_no_eligible_replica_refuses_the_connect_and_the_agent_cleans_up(
         assert len(vips) == 1
         assert {p.name for p in Path(bpffs).iterdir()} >= MAPS
         only.page = SATURATED  # SHEDDABLE: an empty table, every connect() refused
-        lb.until(applied(vip, lambda e: e["slots"] == {} and e["reason"]))
+        lb.table(vip, lambda e: e["slots"] == {} and e["reason"])
         refused = connect_many(vip, 20)
         assert lb.stop() == 0
     assert refused == {"error EPERM": 20}

@@ -8,8 +8,9 @@ import time
 
 import httpx
 import msgspec
+from ebpf_results import result
 from epick_service import make_config, running
-from test_l4_balancer import VIP, applied, epick_weights, result
+from test_l4_balancer import VIP, epick_weights
 
 from epick.config import WeightsConfig
 
@@ -36,9 +37,9 @@ def test_the_simulated_fleet_behind_a_base_and_an_adapter_address(
         with running(msgspec.structs.replace(config, weights=WeightsConfig())) as svc:
             lb = agent(svc.target, [f"{base_vip},model={SIM_MODEL}",
                                     f"{adapter_vip},model={SIM_MODEL},adapter=adapter-2"])
-            lb.until(applied(adapter_vip, lambda e: e["slots"].get(first, 0) >= 0.9 * 1024),
+            lb.table(adapter_vip, lambda e: e["slots"].get(first, 0) >= 0.9 * 1024,
                      timeout=15)
-            lb.until(applied(base_vip))
+            lb.table(base_vip)
             time.sleep(0.2)
             base_weights = epick_weights(svc, model=SIM_MODEL)
             on_base = connect_many(base_vip, 1000)
