@@ -7,6 +7,8 @@ Routes (``[http] listen``)::
     POST /v1/route       an OpenAI body as the client sent it, its headers -> where it goes
     GET  /v1/weights     ?model=&adapter=&criticality= -> WeightsTable (docs/weights.md);
                          with ``Accept: text/event-stream`` the stream, one SSE event per table
+    POST /v3/discovery:endpoints   xDS REST-JSON EDS: a DiscoveryRequest naming weights
+                         tables -> ClusterLoadAssignments (epick.api.eds)
     GET  /health         200 while Pick is served (the gRPC health status), else 503
 
 This module only translates: a JSON body becomes the protobuf message the gRPC API gets,
@@ -122,6 +124,7 @@ class HttpApi:
         app.router.add_post("/v1/completion", self.completion)
         app.router.add_post("/v1/route", self.route)
         app.router.add_get("/v1/weights", self.weights)
+        app.router.add_post("/v3/discovery:endpoints", self.eds)
         app.router.add_get("/health", self.health)
         # Last: whatever matched nothing above gets a JSON error too.
         app.router.add_route("*", "/{tail:.*}", _no_route)
@@ -257,6 +260,48 @@ class HttpApi:
         finally:
             self._streams.discard(task)
 
+    async def eds(self, request: web.Request) -> web.Response:
+        """Envoy's REST-JSON EDS (``api_type: REST``): every resource name is a weights
+        table (``model=M[,adapter=A][,criticality=C]``), answered as a
+        ``ClusterLoadAssignment`` with ``load_balancing_weight`` = share (docs/weights.md).
+        Envoy polls at its ``refresh_delay``; each poll reads the tables now."""
+        from envoy.service.discovery.v3 import discovery_pb2  # Envoy's protos: only here
+
+        from epick.api import eds
+
+        hub = self.picker.weights
+        if hub is None:
+            return _error(grpc.StatusCode.UNIMPLEMENTED, "the weights stream is off",
+                          status=501)
+        msg = await self._parse_json(request, discovery_pb2.DiscoveryRequest())
+        if isinstance(msg, web.Response):
+            return msg
+        if msg.type_url and msg.type_url != eds.TYPE_URL:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"DiscoveryRequest.type_url {msg.type_url!r}: epick serves only "
+                          f"{eds.TYPE_URL}")
+        if not msg.resource_names:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT,
+                          "DiscoveryRequest.resource_names is empty: name the weights "
+                          "tables (model=M[,adapter=A]) as the EDS service names")
+        try:
+            tables = {name: hub.table(*eds.resource_key(name)) for name in msg.resource_names}
+        except (PickInvalidArgument, SchedulingError) as exc:
+            return _error(status_for(exc), str(exc))
+        return _json(_message_json(eds.discovery_response(tables)))
+
+    async def _parse_json(self, request: web.Request, msg):
+        """``msg`` from a JSON body that may carry fields epick does not read (Envoy's
+        ``node``, its metadata...): parsed with unknown fields ignored."""
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            return json_format.Parse(body, msg, ignore_unknown_fields=True)
+        except (json_format.ParseError, UnicodeDecodeError) as exc:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"malformed {msg.DESCRIPTOR.name} JSON: {exc}")
+
     async def health(self, request: web.Request) -> web.Response:
         serving = self.healthy()
         return _json('{"status":"SERVING"}' if serving else '{"status":"NOT_SERVING"}',
@@ -264,7 +309,7 @@ class HttpApi:
 
 
 _ROUTES = {"/v1/pick": "POST", "/v1/completion": "POST", "/v1/route": "POST",
-           "/v1/weights": "GET", "/health": "GET"}
+           "/v1/weights": "GET", "/v3/discovery:endpoints": "POST", "/health": "GET"}
 
 
 async def _no_route(request: web.Request) -> web.Response:
