@@ -23,7 +23,8 @@ Runs from the repo's venv (``grpc`` and epick's generated protos); needs root (o
 CAP_BPF + CAP_NET_ADMIN) and Debian's ``libbpf1``. ``--pin DIR`` (a bpffs directory) pins
 the maps there too, for ``bpftool map dump pinned DIR/slots``; they are unpinned at exit.
 One JSON line per event on stdout: ``ready``, ``applied`` (per table written, with the
-slot counts and ``applied_at``, the wall-clock time the flip returned), ``stream-error``.
+slot counts and ``applied_at``, the wall-clock time the flip returned), ``stream-error``,
+``apply-error``.
 """
 
 from __future__ import annotations
@@ -147,8 +148,11 @@ class Vip:
             kw[k] = v
         if "model" not in kw:
             raise ValueError(f"--vip {spec!r}: model= is required")
-        socket.inet_aton(ip)
-        return cls(ip, int(port), **kw)
+        try:
+            socket.inet_aton(ip)
+            return cls(ip, int(port), **kw)
+        except (OSError, ValueError):
+            raise ValueError(f"--vip {spec!r}: not ADDR:PORT with an IPv4 address") from None
 
     @property
     def name(self) -> str:
@@ -231,19 +235,6 @@ class Balancer:
         _check("update slots", self.lib.bpf_map_update_batch(
             self.slots_fd, keys, values, ctypes.byref(count), None))
 
-    def read_table(self, index: int) -> list[tuple[str, int]]:
-        """The active table as the kernel holds it (for checks and measurements)."""
-        half = self._active[index]
-        out = []
-        val = ctypes.create_string_buffer(8)
-        for k in range((index * 2 + half) * SLOTS, (index * 2 + half + 1) * SLOTS):
-            key = ctypes.c_uint32(k)
-            _check("lookup slots", self.lib.bpf_map_lookup_elem(
-                self.slots_fd, ctypes.byref(key), val))
-            ip = socket.inet_ntoa(val.raw[:4])
-            out.append((ip, struct.unpack("!H", val.raw[4:6])[0]))
-        return out
-
     def close(self) -> None:
         for link in self._links:
             self.lib.bpf_link__destroy(link)
@@ -300,7 +291,10 @@ class Follower:
                 try:
                     self._call = stub.WatchWeights(self._request())
                     for table in self._call:
-                        self.apply(table)
+                        try:
+                            self.apply(table)
+                        except BpfError as exc:  # the kernel keeps the last table
+                            emit("apply-error", vip=self.vip.name, message=str(exc))
                         backoff = 0.1
                 except grpc.RpcError as exc:
                     if self._stop.is_set():
@@ -322,11 +316,18 @@ class Follower:
              applied_at=time.time(), slots=counts, reason=table.reason)
 
 
+def _vip_arg(spec: str) -> Vip:
+    try:
+        return Vip.parse(spec)
+    except (ValueError, OSError) as exc:  # OSError: inet_aton on a bad address
+        raise argparse.ArgumentTypeError(str(exc) or f"bad --vip {spec!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--epick", required=True, help="epick's gRPC address (host:port)")
     ap.add_argument("--cgroup", required=True, help="cgroup v2 directory to attach to")
-    ap.add_argument("--vip", action="append", required=True, type=Vip.parse,
+    ap.add_argument("--vip", action="append", required=True, type=_vip_arg,
                     help="ADDR:PORT,model=M[,adapter=A][,criticality=C] (repeatable)")
     ap.add_argument("--object", type=Path, default=DEFAULT_OBJECT,
                     help="the built program (make -C examples/ebpf)")
