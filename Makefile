@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # setuptools says "Editable installation." on every editable install: information only.
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: demo test test-perf dnsmasq lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real test-dataplanes wheel
+.PHONY: demo test test-perf dnsmasq lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real test-dataplanes wheel ebpf-tools test-ebpf
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -125,5 +125,24 @@ bench-real: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/epick demo $(DEMO_ARGS)
 
+## ebpf-tools: Debian's clang (builds examples/ebpf/lb.bpf.c), bpftool, libbpf (the agent
+## loads the program through libbpf1; libbpf-dev has bpf_helpers.h). Idempotent.
+EBPF_FILES := /usr/bin/clang /usr/sbin/bpftool /usr/include/bpf/bpf_helpers.h \
+	/usr/include/$(shell uname -m)-linux-gnu/asm/types.h
+ebpf-tools:
+	@missing=0; for f in $(EBPF_FILES); do [ -e $$f ] || missing=1; done; \
+	ls /usr/lib/*/libbpf.so.1 >/dev/null 2>&1 || missing=1; \
+	if [ $$missing = 1 ]; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			--no-install-recommends clang bpftool libbpf1 libbpf-dev linux-libc-dev; \
+	fi
+
+## test-ebpf: the eBPF L4 load balancer (cgroup/connect4 + agent following WatchWeights)
+## against real replicas (tests/ebpf; root; not in make test). Each test makes its own
+## cgroup and bpffs and removes them; skipped with the reason where eBPF cannot load.
+test-ebpf: $(STAMP) ebpf-tools
+	$(MAKE) -C examples/ebpf
+	EPICK_TEST_EBPF=1 $(PY) -m pytest -q tests/ebpf
+
 clean:
-	rm -rf $(VENV) $(ENVOY_VENV) $(IP_VENV) .venv-vllm .pytest_cache
+	rm -rf $(VENV) $(ENVOY_VENV) $(IP_VENV) .venv-vllm .pytest_cache examples/ebpf/lb.bpf.o

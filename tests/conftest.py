@@ -17,11 +17,15 @@ collect_ignore = [] if os.environ.get("EPICK_TEST_VLLM") else ["vllm"]
 # missing binary fails the tests rather than skipping them).
 if not os.environ.get("EPICK_TEST_DATAPLANES"):
     collect_ignore.append("dataplanes")
+# The eBPF load balancer (tests/ebpf) loads a program into the kernel as root: its own
+# suite, `make test-ebpf` (which builds it and sets EPICK_TEST_EBPF).
+if not os.environ.get("EPICK_TEST_EBPF"):
+    collect_ignore.append("ebpf")
 
 #: Folders whose tests start real processes (Envoy, `epick serve`, the demo, benchmarks):
 #: marked ``slow``, so `pytest -m "not slow"` is the quick loop while iterating. `make
 #: test` runs everything; nothing is skipped by default.
-SLOW_FOLDERS = frozenset({"envoy", "cli", "bench", "vllm", "dataplanes"})
+SLOW_FOLDERS = frozenset({"envoy", "cli", "bench", "vllm", "dataplanes", "ebpf"})
 _TESTS = Path(__file__).resolve().parent
 
 

@@ -5,6 +5,10 @@ Routes (``[http] listen``)::
     POST /v1/pick        PickRequest (protobuf's JSON mapping) -> PickResponse
     POST /v1/completion  CompletionReport -> CompletionAck
     POST /v1/route       an OpenAI body as the client sent it, its headers -> where it goes
+    GET  /v1/weights     ?model=&adapter=&criticality= -> WeightsTable (docs/weights.md);
+                         with ``Accept: text/event-stream`` the stream, one SSE event per table
+    POST /v3/discovery:endpoints   xDS REST-JSON EDS: a DiscoveryRequest naming weights
+                         tables -> ClusterLoadAssignments (epick.api.eds)
     GET  /health         200 while Pick is served (the gRPC health status), else 503
 
 This module only translates: a JSON body becomes the protobuf message the gRPC API gets,
@@ -23,6 +27,7 @@ so a pick runs on the loop thread like every gRPC pick.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -37,8 +42,11 @@ from epick.api.decide import REFUSALS
 from epick.api.gen.epick.v1 import picker_pb2
 from epick.api.http_json import parse
 from epick.api.openai_request import InvalidArgument, translate_with
-from epick.api.picker import PickerService
+from epick.api.picker import InvalidArgument as PickInvalidArgument
+from epick.api.picker import PickerService, status_for
+from epick.api.weights import _features, to_proto
 from epick.config import OpenAIConfig
+from epick.scheduler.scheduler import SchedulingError
 
 __all__ = ["HttpApi", "HttpServer", "STATUS", "PATH_HEADER"]
 
@@ -65,6 +73,11 @@ _REASONS = {r.grpc: r.reason for r in REFUSALS.values() if r.reason}
 #: Without it a body with ``messages`` is a chat completion, any other a completion.
 PATH_HEADER = "x-epick-path"
 _JSON = "application/json"
+_SSE = "text/event-stream"
+#: An SSE comment this often on a quiet weights stream: tables come only on change, and a
+#: write is how the server learns that a client went away (its subscription is freed).
+SSE_KEEPALIVE_S = 15.0
+_WEIGHTS_PARAMS = ("model", "adapter", "criticality")
 
 
 def _error(code: grpc.StatusCode, message: str, *, status: int | None = None) -> web.Response:
@@ -97,12 +110,21 @@ class HttpApi:
         self.healthy = healthy
         self.openai = openai
         self.max_body_bytes = max_body_bytes
+        #: Open weights streams, cancelled by :meth:`close` (they never end by themselves).
+        self._streams: set[asyncio.Task] = set()
+
+    def close(self) -> None:
+        """End the open weights streams (the server is stopping)."""
+        for task in self._streams:
+            task.cancel()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_post("/v1/pick", self.pick)
         app.router.add_post("/v1/completion", self.completion)
         app.router.add_post("/v1/route", self.route)
+        app.router.add_get("/v1/weights", self.weights)
+        app.router.add_post("/v3/discovery:endpoints", self.eds)
         app.router.add_get("/health", self.health)
         # Last: whatever matched nothing above gets a JSON error too.
         app.router.add_route("*", "/{tail:.*}", _no_route)
@@ -178,6 +200,108 @@ class HttpApi:
             headers={DESTINATION_HEADER: ",".join([response.endpoint, *fallbacks]),
                      DECISION_HEADER: response.decision_id})
 
+    def _weights_request(self, request: web.Request):
+        """The query as a validated ``(model, adapter, criticality)``, or the error."""
+        unknown = sorted(set(request.query) - set(_WEIGHTS_PARAMS))
+        if unknown:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"GET /v1/weights: unknown query parameter {unknown[0]!r}; "
+                          f"it takes {', '.join(_WEIGHTS_PARAMS)}")
+        doc: dict[str, object] = {k: request.query[k] for k in _WEIGHTS_PARAMS
+                                  if k in request.query}
+        crit = doc.get("criticality")
+        if isinstance(crit, str) and crit.isdigit():
+            doc["criticality"] = int(crit)
+        try:
+            msg = json_format.ParseDict(doc, picker_pb2.WeightsRequest())
+            return _features(msg)
+        except json_format.ParseError as exc:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"malformed WeightsRequest query: {exc}")
+        except PickInvalidArgument as exc:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def weights(self, request: web.Request) -> web.StreamResponse:
+        """One table (JSON), or with ``Accept: text/event-stream`` the stream: one SSE
+        event per table, through the same hub as WatchWeights (latest, not a backlog)."""
+        hub = self.picker.weights
+        if hub is None:
+            return _error(grpc.StatusCode.UNIMPLEMENTED, "the weights stream is off",
+                          status=501)
+        key = self._weights_request(request)
+        if isinstance(key, web.Response):
+            return key
+        if _SSE not in request.headers.get("Accept", ""):
+            try:
+                table = hub.table(*key)
+            except (PickInvalidArgument, SchedulingError) as exc:
+                return _error(status_for(exc), str(exc))
+            return _json(_message_json(to_proto(table)))
+        task = asyncio.current_task()
+        self._streams.add(task)
+        try:
+            async with hub.subscribe(*key) as sub:
+                response = web.StreamResponse(headers={
+                    "Content-Type": _SSE, "Cache-Control": "no-cache"})
+                await response.prepare(request)
+                while True:
+                    try:
+                        await asyncio.wait_for(sub.wait(), SSE_KEEPALIVE_S)
+                    except TimeoutError:
+                        await response.write(b": keepalive\n\n")
+                        continue
+                    async with hub.write_slots():
+                        await response.write(sub.take_encoded(_sse_event))
+        except (PickInvalidArgument, SchedulingError) as exc:
+            return _error(status_for(exc), str(exc))
+        except ConnectionResetError:
+            # The client went away: the subscription is freed above.
+            return web.Response(status=499)
+        finally:
+            self._streams.discard(task)
+
+    async def eds(self, request: web.Request) -> web.Response:
+        """Envoy's REST-JSON EDS (``api_type: REST``): every resource name is a weights
+        table (``model=M[,adapter=A][,criticality=C]``), answered as a
+        ``ClusterLoadAssignment`` with ``load_balancing_weight`` = share (docs/weights.md).
+        Envoy polls at its ``refresh_delay``; each poll reads the tables now."""
+        from envoy.service.discovery.v3 import discovery_pb2  # Envoy's protos: only here
+
+        from epick.api import eds
+
+        hub = self.picker.weights
+        if hub is None:
+            return _error(grpc.StatusCode.UNIMPLEMENTED, "the weights stream is off",
+                          status=501)
+        msg = await self._parse_json(request, discovery_pb2.DiscoveryRequest())
+        if isinstance(msg, web.Response):
+            return msg
+        if msg.type_url and msg.type_url != eds.TYPE_URL:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"DiscoveryRequest.type_url {msg.type_url!r}: epick serves only "
+                          f"{eds.TYPE_URL}")
+        if not msg.resource_names:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT,
+                          "DiscoveryRequest.resource_names is empty: name the weights "
+                          "tables (model=M[,adapter=A]) as the EDS service names")
+        try:
+            tables = {name: hub.table(*eds.resource_key(name)) for name in msg.resource_names}
+        except (PickInvalidArgument, SchedulingError) as exc:
+            return _error(status_for(exc), str(exc))
+        return _json(_message_json(eds.discovery_response(tables)))
+
+    async def _parse_json(self, request: web.Request, msg):
+        """``msg`` from a JSON body that may carry fields epick does not read (Envoy's
+        ``node``, its metadata...): parsed with unknown fields ignored."""
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            return json_format.Parse(body, msg, ignore_unknown_fields=True)
+        except (json_format.ParseError, UnicodeDecodeError) as exc:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"malformed {msg.DESCRIPTOR.name} JSON: {exc}")
+
     async def health(self, request: web.Request) -> web.Response:
         serving = self.healthy()
         return _json('{"status":"SERVING"}' if serving else '{"status":"NOT_SERVING"}',
@@ -185,7 +309,7 @@ class HttpApi:
 
 
 _ROUTES = {"/v1/pick": "POST", "/v1/completion": "POST", "/v1/route": "POST",
-           "/health": "GET"}
+           "/v1/weights": "GET", "/v3/discovery:endpoints": "POST", "/health": "GET"}
 
 
 async def _no_route(request: web.Request) -> web.Response:
@@ -196,6 +320,11 @@ async def _no_route(request: web.Request) -> web.Response:
     return _error(grpc.StatusCode.NOT_FOUND,
                   f"no route {request.method} {request.path}; epick serves "
                   + ", ".join(f"{m} {p}" for p, m in _ROUTES.items()))
+
+
+def _sse_event(table) -> bytes:
+    # One event per table: its protobuf JSON (as GET /v1/weights answers) on one line.
+    return b"data: " + _message_json(to_proto(table)).encode() + b"\n\n"
 
 
 def _path_of(body: bytes) -> str:
@@ -234,6 +363,7 @@ class HttpServer:
         await web.SockSite(self._runner, self._sock).start()
 
     async def stop(self) -> None:
+        self.api.close()
         if self._runner is not None:
             await self._runner.cleanup()
         elif self._sock is not None:

@@ -249,7 +249,7 @@ def test_an_unknown_route_or_method_is_a_json_error(fake_vllm, http):
     assert unknown.status_code == 404
     assert unknown.json()["message"] == (
         "no route POST /v2/pick; epick serves POST /v1/pick, POST /v1/completion, "
-        "POST /v1/route, GET /health")
+        "POST /v1/route, GET /v1/weights, POST /v3/discovery:endpoints, GET /health")
 
 
 def test_v1_route_without_a_base_model_is_404_naming_the_key(fake_vllm, http):
