@@ -166,6 +166,10 @@ class RuntimeConfig(_Table):
     """Instructions one request-path policy call may execute: the primary limit."""
     breaker_failures: Annotated[int, Meta(ge=1)] = 5
     breaker_cooldown_s: Annotated[float, Meta(ge=0)] = 10.0
+    breaker_burn_ms: Annotated[float, Meta(gt=0)] = 100.0
+    """Wall-clock time a policy's failing calls may take within any one second before the
+    policy is benched (every stage's breaker opens for ``breaker_cooldown_s``): a policy
+    that fails slowly cannot hold the picks' tail for more than a moment."""
     policy_dir: str = ""
     """Watched for .wasm files: a new or changed ``NAME.wasm`` is validated and swapped in
     for the policy called NAME (or added with weight 1). Empty disables watching."""

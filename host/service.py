@@ -163,6 +163,7 @@ def _limits(config: Config) -> Limits:
         memory_bytes=rc.memory_mb << 20,
         breaker_failures=rc.breaker_failures,
         breaker_cooldown_s=rc.breaker_cooldown_s,
+        breaker_burn_ms=rc.breaker_burn_ms,
     )
 
 
@@ -379,6 +380,10 @@ class Service:
         if new.server != self.config.server or new.admin != self.config.admin:
             log.warning("%s: [server]/[admin] changes need a restart; applying the rest",
                         self.config_path)
+        if _limits(new) != _limits(self.config):
+            # The runtime's limits are fixed when it is built: say so rather than ignore it.
+            log.warning("%s: [runtime] limits (fuel, budget_ms, memory_mb, breaker_*) "
+                        "need a restart; applying the rest", self.config_path)
         self.sources.update(new.pool.endpoints, new.pool.sources)
         if new.kv_events != self.config.kv_events or (
                 self.kv is None and any(e.kv_events for e in new.pool.endpoints)):
