@@ -9,9 +9,14 @@ pick goes through :meth:`PickTracer.decide`:
    end's request headers — and then from the ``PickRequest``'s own ``headers`` map,
    which wins (a PickStream message's, or the request headers ext_proc and ``/v1/route``
    copy into it);
-2. the SDK's sampler decides (``sample_ratio``, following the caller's sampled flag when
-   ``parent_based``). An unsampled pick is decided exactly as with tracing off, and only
-   its span context is kept (ext_proc passes it on);
+2. the sampling decision (``sample_ratio``, following the caller's sampled flag when
+   ``parent_based``) is taken before the SDK is asked for anything: the caller's header
+   is checked with the propagator's own pattern, and the ratio is the SDK's
+   ``TraceIdRatioBased`` rule on the caller's trace id (a root pick draws at random, as
+   the SDK's fresh trace id would). An unsampled pick is then decided exactly as with
+   tracing off and no span is made: the cost of the 99% at 1% sampling is a header
+   lookup and a pattern match. Its ext_proc answer sets no trace header, so the model
+   server gets the caller's own context unchanged;
 3. a sampled pick is decided with the explanation on (it is dropped again from the
    answer unless the client asked for it) and its span gets the stages as events:
    ``filter`` (candidates, kept, how many each filter dropped), ``score`` (each policy's
@@ -26,6 +31,8 @@ the OTLP/gRPC exporter.
 
 from __future__ import annotations
 
+import random
+import re
 import time
 from collections.abc import Mapping
 
@@ -35,11 +42,11 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-__all__ = ["PickTracer", "TRACE_HEADERS", "SPAN_NAME"]
+__all__ = ["PickTracer", "TRACE_HEADERS", "SPAN_NAME", "parent_of"]
 
 #: The headers epick reads and passes on (W3C Trace Context).
 TRACE_HEADERS = ("traceparent", "tracestate")
@@ -75,6 +82,23 @@ class _CarrierGetter(Getter):
 
 
 _GETTER = _CarrierGetter()
+_TRACEPARENT = re.compile(TraceContextTextMapPropagator._TRACEPARENT_HEADER_FORMAT_RE)
+_MAX_TRACEPARENT = TraceContextTextMapPropagator._TRACEPARENT_MAXIMUM_LENGTH
+
+
+def parent_of(header: str) -> tuple[int, bool] | None:
+    """(trace id, sampled flag) of a ``traceparent`` the SDK's propagator would accept,
+    else None (its own pattern and rules: length, zero ids, versions ``00`` and ``ff``)."""
+    if len(header) > _MAX_TRACEPARENT:
+        return None
+    m = _TRACEPARENT.search(header)
+    if m is None:
+        return None
+    version, trace_id, span_id, flags, rest = m.group(1, 2, 3, 4, 5)
+    if (trace_id == "0" * 32 or span_id == "0" * 16 or version == "ff"
+            or (version == "00" and rest)):
+        return None
+    return int(trace_id, 16), bool(int(flags, 16) & 1)
 
 
 def _flow_wait(span, decision) -> None:
@@ -143,10 +167,16 @@ class PickTracer:
             exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure,
                                         headers=dict(headers or {}) or None,
                                         timeout=export_timeout_ms / 1000)
-        ratio = TraceIdRatioBased(sample_ratio)
+        self.sample_ratio = sample_ratio
+        self.parent_based = parent_based
+        # The SDK's own ratio rule on a trace id (what every OpenTelemetry service uses).
+        self._bound = TraceIdRatioBased.get_bound_for_rate(sample_ratio)
+        self._id_mask = TraceIdRatioBased.TRACE_ID_LIMIT
+        # Sampling is decided in :meth:`sampled` before a span exists; a span the SDK is
+        # asked for is one to record.
         self.provider = TracerProvider(
             resource=Resource.create({**(resource or {}), "service.name": service_name}),
-            sampler=ParentBased(ratio) if parent_based else ratio)
+            sampler=ALWAYS_ON)
         self.provider.add_span_processor(BatchSpanProcessor(
             exporter, max_queue_size=max_queue, schedule_delay_millis=schedule_delay_ms,
             max_export_batch_size=min(max_export_batch, max_queue),
@@ -154,17 +184,29 @@ class PickTracer:
         self.tracer = self.provider.get_tracer("epick")
         self._start_span = self.tracer.start_span
 
+    def sampled(self, traceparent: str | None) -> bool:
+        """Whether a pick whose caller sent ``traceparent`` (None: none) is traced: the
+        caller's flag (``parent_based``), else the SDK's ratio rule on its trace id; a
+        pick without a valid one draws at random with the ratio."""
+        parent = parent_of(traceparent) if traceparent else None
+        if parent is None:
+            return random.random() < self.sample_ratio
+        if self.parent_based:
+            return parent[1]
+        return (parent[0] & self._id_mask) < self._bound
+
     def decide(self, decider, msg, *, subset, started: float, carrier):
-        """Decide ``msg`` through ``decider`` inside a span; the verdict carries the span's
-        context (``Verdict.trace``) for a front end that passes it on."""
-        parent = _PROPAGATOR.extract((msg.headers, carrier), Context(), getter=_GETTER)
+        """Decide ``msg`` through ``decider``, inside a span when it is sampled; a traced
+        verdict carries the span's context (``Verdict.trace``) for a front end that passes
+        it on."""
+        carried = (msg.headers, carrier)
+        header = _GETTER.get(carried, "traceparent")
+        if not self.sampled(header[0] if header else None):
+            return decider.decide(msg, subset=subset, started=started, explain=msg.explain)
+        parent = _PROPAGATOR.extract(carried, Context(), getter=_GETTER)
         # The span starts when the front end began on the request, on the wall clock.
         start_ns = time.time_ns() - int((time.perf_counter() - started) * 1e9)
         span = self._start_span(SPAN_NAME, parent, kind=SpanKind.SERVER, start_time=start_ns)
-        if not span.is_recording():
-            verdict = decider.decide(msg, subset=subset, started=started, explain=msg.explain)
-            verdict.trace = span.get_span_context()
-            return verdict
         verdict = decider.decide(msg, subset=subset, started=started, explain=True)
         verdict.trace = span.get_span_context()
         try:

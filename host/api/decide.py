@@ -45,8 +45,8 @@ class Verdict:
     message: str = ""
     """Why it was refused (names the field, the setting or the state); ``""`` when ok."""
     trace: object = None
-    """The decision's span context when tracing is on (``epick.tracing``), for a front end
-    that passes the trace on (ext_proc); ``None`` with tracing off."""
+    """The decision's span context when it was traced (``epick.tracing``), for a front end
+    that passes the trace on (ext_proc); ``None`` with tracing off or the pick unsampled."""
 
 
 class Refusal(NamedTuple):

@@ -299,7 +299,7 @@ class _Stream:
 
         value = ",".join([decision.endpoint, *decision.fallbacks[:svc.config.fallbacks]])
         set_headers = [_header(DESTINATION_HEADER, value)]
-        if verdict.trace is not None:  # tracing on: the model server's parent is our span
+        if verdict.trace is not None:  # a traced pick: the model server's parent is its span
             set_headers += [_header(k, v)
                             for k, v in svc.decider.tracer.outgoing(verdict.trace).items()]
         if parsed.rewritten:
