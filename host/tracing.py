@@ -63,27 +63,34 @@ class _CarrierGetter(Getter):
     __slots__ = ()
 
     def get(self, carrier, key: str):
-        headers, outer = carrier
-        value = headers.get(key) if headers is not None else None
-        if value:
-            return [value]
-        if outer is None:
-            return None
-        if isinstance(outer, Mapping):  # HTTP headers (case-insensitive in aiohttp)
-            value = outer.get(key)
-            return [value] if value else None
-        for k, v in outer.invocation_metadata() or ():  # gRPC: lower-case keys
-            if k == key:
-                return [v if isinstance(v, str) else v.decode("latin-1")]
-        return None
+        value = _header(carrier[0], carrier[1], key)
+        return [value] if value else None
 
     def keys(self, carrier):
         return list(TRACE_HEADERS)
 
 
+def _header(headers, outer, key: str) -> str | None:
+    """``key`` from a ``PickRequest``'s headers map, else from the front end's carrier (a
+    gRPC context, whose metadata is read only here, or a mapping of HTTP headers)."""
+    value = headers.get(key) if headers is not None else None
+    if value or outer is None:
+        return value or None
+    metadata = getattr(outer, "invocation_metadata", None)
+    if metadata is None:  # HTTP headers (case-insensitive in aiohttp)
+        return outer.get(key) or None
+    for k, v in metadata() or ():  # gRPC: lower-case keys
+        if k == key:
+            return v if isinstance(v, str) else v.decode("latin-1")
+    return None
+
+
 _GETTER = _CarrierGetter()
 _TRACEPARENT = re.compile(TraceContextTextMapPropagator._TRACEPARENT_HEADER_FORMAT_RE)
 _MAX_TRACEPARENT = TraceContextTextMapPropagator._TRACEPARENT_MAXIMUM_LENGTH
+#: The common case, version 00 exactly (what the SDK's pattern accepts for it, no tail).
+_TRACEPARENT_00 = re.compile(r"[ \t]*00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})[ \t]*")
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 
 
 def parent_of(header: str) -> tuple[int, bool] | None:
@@ -91,6 +98,12 @@ def parent_of(header: str) -> tuple[int, bool] | None:
     else None (its own pattern and rules: length, zero ids, versions ``00`` and ``ff``)."""
     if len(header) > _MAX_TRACEPARENT:
         return None
+    m = _TRACEPARENT_00.fullmatch(header)
+    if m is not None:
+        trace_id, span_id, flags = m.groups()
+        if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
+            return None
+        return int(trace_id, 16), bool(int(flags, 16) & 1)
     m = _TRACEPARENT.search(header)
     if m is None:
         return None
@@ -199,11 +212,10 @@ class PickTracer:
         """Decide ``msg`` through ``decider``, inside a span when it is sampled; a traced
         verdict carries the span's context (``Verdict.trace``) for a front end that passes
         it on."""
-        carried = (msg.headers, carrier)
-        header = _GETTER.get(carried, "traceparent")
-        if not self.sampled(header[0] if header else None):
+        headers = msg.headers
+        if not self.sampled(_header(headers, carrier, "traceparent")):
             return decider.decide(msg, subset=subset, started=started, explain=msg.explain)
-        parent = _PROPAGATOR.extract(carried, Context(), getter=_GETTER)
+        parent = _PROPAGATOR.extract((headers, carrier), Context(), getter=_GETTER)
         # The span starts when the front end began on the request, on the wall clock.
         start_ns = time.time_ns() - int((time.perf_counter() - started) * 1e9)
         span = self._start_span(SPAN_NAME, parent, kind=SpanKind.SERVER, start_time=start_ns)

@@ -18,6 +18,11 @@ export errors are logged in the server's log): the table says which.
 
 Prints p50 / p99 per setup and each traced setup's p50 ÷ off's, over all calls and as the
 median of the per-round ratios; ``--json`` writes them.
+
+``--in-process`` times the real service's ``PickerService.answer_pick`` instead (as
+``python -m epick.bench.answer`` does: validation, scheduling, telemetry, encoding, no
+gRPC) with the three tracers on one service, blocks of picks alternating between them:
+the pick path's own cost of tracing, without gRPC's and the machine's noise around it.
 """
 
 from __future__ import annotations
@@ -150,6 +155,95 @@ def measure(*, ratio: float = 0.01, endpoints: int = 8, seconds: float = 3.0,
     return setups, which
 
 
+class _Context:
+    """What the tracer reads of a gRPC servicer context: the call's metadata."""
+
+    __slots__ = ("metadata",)
+
+    def __init__(self, traceparent: str) -> None:
+        self.metadata = (("user-agent", "grpc-python/1.85"), ("traceparent", traceparent))
+
+    def invocation_metadata(self):
+        return self.metadata
+
+
+async def _in_process(config_path: Path, ratio: float, collector: str, rounds: int,
+                      block: int) -> dict[str, list[list[float]]]:
+    import anyio
+
+    from epick.api.picker import PickerService
+    from epick.config import load
+    from epick.service import Service
+    from epick.tracing import PickTracer
+
+    svc = Service(load(config_path))
+    reqs = requests(4096)
+    ctxs = [_Context(f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01")
+            for _ in range(4096)]
+    tracers = {"off": None,
+               f"{ratio:g} sampled": PickTracer(endpoint=collector, sample_ratio=ratio,
+                                                parent_based=False, schedule_delay_ms=200),
+               "1 sampled": PickTracer(endpoint=collector, sample_ratio=1.0,
+                                       parent_based=False, schedule_delay_ms=200)}
+    out: dict[str, list[list[float]]] = {name: [] for name in tracers}
+    async with anyio.create_task_group() as tg:
+        await tg.start(svc.run)
+        answers = {name: PickerService(svc.scheduler, svc.recorder, tracer=t).answer_pick
+                   for name, t in tracers.items()}
+        for answer in answers.values():  # warm
+            for k in range(200):
+                answer(reqs[k], ctxs[k])
+        perf, i = time.perf_counter, 0
+        for r in range(rounds):
+            names = list(answers)
+            names = names[r % 3:] + names[:r % 3]
+            for name in names:
+                answer, lat = answers[name], []
+                for _ in range(block):
+                    req, ctx = reqs[i % 4096], ctxs[i % 4096]
+                    i += 1
+                    t0 = perf()
+                    answer(req, ctx)
+                    lat.append((perf() - t0) * 1e6)
+                out[name].append(lat)
+            await anyio.sleep(0.01)  # let the loop (scrapes, exports) breathe
+        tg.cancel_scope.cancel()
+    for t in tracers.values():
+        if t is not None:
+            t.shutdown()
+    return out
+
+
+def measure_in_process(*, ratio: float = 0.01, endpoints: int = 8, rounds: int = 60,
+                       block: int = 500) -> tuple[list[TracedSetup], str]:
+    """The three tracers on one in-process service; setups shaped as :func:`measure`'s."""
+    import anyio
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rotel_proc, collector = _rotel(Path(tmp))
+        which = "rotel (blackhole)" if rotel_proc else "none listening (rotel not installed)"
+        pages = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m",
+                                  "epick.bench.pages", "--count", str(endpoints)],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            pages_port = int(pages.stdout.readline())
+            path = Path(tmp) / "epick.toml"
+            path.write_text(TracedSetup("in-process", endpoints, 50).config(pages_port))
+            rounds_us = anyio.run(_in_process, path, ratio, collector, rounds, block)
+        finally:
+            pages.terminate()
+            pages.wait()
+            if rotel_proc is not None:
+                rotel_proc.terminate()
+                rotel_proc.wait()
+    setups = []
+    for name, lat in rounds_us.items():
+        s = TracedSetup(name, endpoints, 50)
+        s.rounds_us = lat
+        setups.append(s)
+    return setups, which
+
+
 def _p(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(len(s) * q))]
@@ -162,14 +256,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--endpoints", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=3.0, help="per setup and round")
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--in-process", action="store_true",
+                    help="time answer_pick in process, the tracers alternating by block")
+    ap.add_argument("--block", type=int, default=500, help="--in-process: picks per block")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
-    setups, which = measure(ratio=args.ratio, endpoints=args.endpoints,
-                            seconds=args.seconds, rounds=args.rounds)
+    if args.in_process:
+        setups, which = measure_in_process(ratio=args.ratio, endpoints=args.endpoints,
+                                           rounds=args.rounds, block=args.block)
+        what = (f"answer_pick in process, {args.endpoints} endpoints, {args.rounds} rounds x "
+                f"{args.block} picks per tracer")
+    else:
+        setups, which = measure(ratio=args.ratio, endpoints=args.endpoints,
+                                seconds=args.seconds, rounds=args.rounds)
+        what = (f"Pick over gRPC, one client, {args.endpoints} endpoints, {args.rounds} "
+                f"rounds x {args.seconds:g} s per setup")
     off = setups[0]
     all_off = [x for rd in off.rounds_us for x in rd]
-    print(f"Pick over gRPC, one client, {args.endpoints} endpoints, {args.rounds} rounds x "
-          f"{args.seconds:g} s per setup; spans to: {which}; load {os.getloadavg()[0]:.2f}")
+    print(f"{what}; spans to: {which}; load {os.getloadavg()[0]:.2f}")
     print(f"{'setup':<16}{'calls':>8}{'p50 us':>10}{'p99 us':>10}{'p50/off':>10}"
           f"{'median of rounds':>18}")
     out = []
