@@ -1,10 +1,10 @@
 """`epick bench tracing`: Pick p50 with tracing off, at 1% sampling and at 100%, one run.
 
-Three ``epick serve`` processes, identical but for ``[tracing]`` (off; on at
-``--ratio``; on at 1.0), 8 endpoints scraped every 50 ms from vLLM-like pages
+Four ``epick serve`` processes, identical but for ``[tracing]`` (off; off again, the
+A/A control whose ratio to the first is the run's noise; on at ``--ratio``; on at 1.0), 8 endpoints scraped every 50 ms from vLLM-like pages
 (:mod:`epick.bench.pages`), the policies of the example config. Only one runs at a time
 (the others are stopped with SIGSTOP, as in ``epick bench pick --grpc``), and rounds
-alternate the three, rotating who goes first, so a busy machine's drift falls on all of
+alternate them, rotating who goes first, so a busy machine's drift falls on all of
 them alike. One synchronous client thread calls Pick back to back (latency, not
 throughput). Every call carries a ``traceparent`` with a fresh trace id, so the traced
 setups pay for reading and parsing it on every pick; ``parent_based = false`` lets the
@@ -115,14 +115,15 @@ def _calls(target: str, seconds: float, reqs) -> list[float]:
                 return out
 
 
-def measure(*, ratio: float = 0.01, endpoints: int = 8, seconds: float = 3.0,
+def measure(*, ratio: float = 0.01, endpoints: int = 8, seconds: float = 2.5,
             rounds: int = 6, settle_s: float = 0.3) -> tuple[list[TracedSetup], str]:
-    """Run the three setups for ``rounds`` rounds of ``seconds`` each; (setups, collector)."""
+    """Run the four setups for ``rounds`` rounds of ``seconds`` each; (setups, collector)."""
     reqs = requests(4096)
     with tempfile.TemporaryDirectory() as tmp:
         rotel_proc, collector = _rotel(Path(tmp))
         which = "rotel (blackhole)" if rotel_proc else "none listening (rotel not installed)"
         setups = [TracedSetup("off", endpoints, 50),
+                  TracedSetup("off (A/A)", endpoints, 50),
                   TracedSetup(f"{ratio:g} sampled", endpoints, 50, ratio=ratio,
                               collector=collector),
                   TracedSetup("1 sampled", endpoints, 50, ratio=1.0, collector=collector)]
@@ -138,7 +139,7 @@ def measure(*, ratio: float = 0.01, endpoints: int = 8, seconds: float = 3.0,
                 _calls(s.target, 0.2, reqs)  # warm
                 s.pause()
             for r in range(rounds):
-                order = setups[r % 3:] + setups[:r % 3]
+                order = setups[r % len(setups):] + setups[:r % len(setups)]
                 for s in order:
                     s.resume()
                     time.sleep(settle_s)
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ratio", type=float, default=0.01, help="the sampled setup's ratio")
     ap.add_argument("--endpoints", type=int, default=8)
-    ap.add_argument("--seconds", type=float, default=3.0, help="per setup and round")
+    ap.add_argument("--seconds", type=float, default=2.5, help="per setup and round")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--in-process", action="store_true",
                     help="time answer_pick in process, the tracers alternating by block")
