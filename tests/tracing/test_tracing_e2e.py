@@ -10,7 +10,6 @@ import urllib.request
 
 import grpc
 import pytest
-from conftest import MODEL
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
@@ -18,6 +17,8 @@ from fakes import vllm_page
 
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 from epick.api.gen.epick.v1 import picker_pb2_grpc
+
+MODEL = "m"  # the fleet's model (conftest.MODEL)
 
 
 def trace_context(sampled: bool = True) -> tuple[bytes, bytes, str]:
