@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import random
 import re
+import threading
 import time
 from collections.abc import Mapping
 
@@ -180,6 +181,7 @@ class PickTracer:
             exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure,
                                         headers=dict(headers or {}) or None,
                                         timeout=export_timeout_ms / 1000)
+        self._exporter = exporter
         self.sample_ratio = sample_ratio
         self.parent_based = parent_based
         # The SDK's own ratio rule on a trace id (what every OpenTelemetry service uses).
@@ -252,5 +254,14 @@ class PickTracer:
     def force_flush(self, timeout_ms: int = 30_000) -> bool:
         return self.provider.force_flush(timeout_ms)
 
-    def shutdown(self) -> None:
-        self.provider.shutdown()
+    def shutdown(self, timeout_ms: int = 2000) -> None:
+        """Export what is queued (for at most ``timeout_ms``), then stop: an unreachable
+        collector holds a stopping service for that long, not for the exporter's retries."""
+        # The SDK's flush has no deadline of its own (an export retries for up to
+        # export_timeout_ms); shutting the exporter down ends a retry at once.
+        timer = threading.Timer(timeout_ms / 1000, self._exporter.shutdown)
+        timer.start()
+        try:
+            self.provider.shutdown()
+        finally:
+            timer.cancel()
