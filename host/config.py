@@ -38,6 +38,7 @@ __all__ = [
     "HttpConfig",
     "DecisionsConfig",
     "KvEventsConfig",
+    "TracingConfig",
     "load",
     "loads",
     "resolve_module",
@@ -175,6 +176,10 @@ class RuntimeConfig(_Table):
     """Instructions one request-path policy call may execute: the primary limit."""
     breaker_failures: Annotated[int, Meta(ge=1)] = 5
     breaker_cooldown_s: Annotated[float, Meta(ge=0)] = 10.0
+    breaker_burn_ms: Annotated[float, Meta(gt=0)] = 100.0
+    """Wall-clock time a policy's failing calls may take within any one second before the
+    policy is benched (every stage's breaker opens for ``breaker_cooldown_s``): a policy
+    that fails slowly cannot hold the picks' tail for more than a moment."""
     policy_dir: str = ""
     """Watched for .wasm files: a new or changed ``NAME.wasm`` is validated and swapped in
     for the policy called NAME (or added with weight 1). Empty disables watching."""
@@ -370,6 +375,33 @@ class WeightsConfig(_Table):
     """The softmax rule's temperature (lower: more to the best endpoint)."""
 
 
+class TracingConfig(_Table):
+    """OpenTelemetry tracing of decisions (docs/tracing.md): one span per pick, exported
+    over OTLP/gRPC; the caller's W3C ``traceparent`` is its parent. Off by default."""
+
+    enabled: bool = False
+    endpoint: Annotated[str, Meta(pattern=r"^https?://\S+$")] = "http://127.0.0.1:4317"
+    """The OTLP/gRPC receiver (a collector)."""
+    insecure: bool = True
+    """Plain-text gRPC to ``endpoint`` (false: TLS with the system's roots)."""
+    headers: dict[str, str] = {}
+    """Sent with every export (e.g. an API key a hosted collector wants)."""
+    service_name: Annotated[str, Meta(min_length=1)] = "epick"
+    """The spans' ``service.name`` resource attribute."""
+    resource: dict[str, str] = {}
+    """More resource attributes (``deployment.environment``, ``service.instance.id``...)."""
+    sample_ratio: Annotated[float, Meta(ge=0, le=1)] = 0.01
+    """Share of picks traced (by trace id, so every service of a trace agrees)."""
+    parent_based: bool = True
+    """A pick whose caller sent a ``traceparent`` follows its sampled flag instead of
+    ``sample_ratio`` (the W3C way: a trace is whole or absent)."""
+    schedule_delay_ms: Annotated[int, Meta(ge=1)] = 1000
+    """How often queued spans are exported."""
+    max_queue: Annotated[int, Meta(ge=1)] = 2048
+    """Spans waiting for export at most; beyond it new ones are dropped (never waited for)."""
+    export_timeout_ms: PositiveMs = 10_000
+
+
 class Config(_Table):
     version: int
     server: ServerConfig = ServerConfig()
@@ -385,6 +417,7 @@ class Config(_Table):
     decisions: DecisionsConfig = DecisionsConfig()
     kv_events: KvEventsConfig = KvEventsConfig()
     weights: WeightsConfig = WeightsConfig()
+    tracing: TracingConfig = TracingConfig()
 
     def __post_init__(self) -> None:
         # One place for the OpenAI settings: what every front end reads is config.openai.

@@ -163,7 +163,23 @@ def _limits(config: Config) -> Limits:
         memory_bytes=rc.memory_mb << 20,
         breaker_failures=rc.breaker_failures,
         breaker_cooldown_s=rc.breaker_cooldown_s,
+        breaker_burn_ms=rc.breaker_burn_ms,
     )
+
+
+def _tracer(config: Config):
+    """The ``[tracing]`` span exporter (a :class:`epick.tracing.PickTracer`), or None when
+    tracing is off (then the OpenTelemetry SDK is not even imported)."""
+    tc = config.tracing
+    if not tc.enabled:
+        return None
+    from epick.tracing import PickTracer
+
+    return PickTracer(endpoint=tc.endpoint, service_name=tc.service_name,
+                      sample_ratio=tc.sample_ratio, parent_based=tc.parent_based,
+                      insecure=tc.insecure, headers=tc.headers, resource=tc.resource,
+                      export_timeout_ms=tc.export_timeout_ms,
+                      schedule_delay_ms=tc.schedule_delay_ms, max_queue=tc.max_queue)
 
 
 def _decision_log(config: Config, config_path: Path | None):
@@ -280,6 +296,8 @@ class Service:
                                     on_stall=lambda _lag, _seen:
                                     telemetry.EVENT_LOOP_STALLS.inc())
         self.decisions = _decision_log(config, config_path)
+        #: The ``[tracing]`` exporter, built by :meth:`run` (its export thread starts then).
+        self.tracer = None
         if self.decisions is not None:
             self.decisions.attach(self.scheduler)
         self._cancel: anyio.CancelScope | None = None
@@ -381,6 +399,13 @@ class Service:
         if new.server != self.config.server or new.admin != self.config.admin:
             log.warning("%s: [server]/[admin] changes need a restart; applying the rest",
                         self.config_path)
+        if new.tracing != self.config.tracing:
+            log.warning("%s: [tracing] changes need a restart; applying the rest",
+                        self.config_path)
+        if _limits(new) != _limits(self.config):
+            # The runtime's limits are fixed when it is built: say so rather than ignore it.
+            log.warning("%s: [runtime] limits (fuel, budget_ms, memory_mb, breaker_*) "
+                        "need a restart; applying the rest", self.config_path)
         self.sources.update(new.pool.endpoints, new.pool.sources)
         if new.kv_events != self.config.kv_events or (
                 self.kv is None and any(e.kv_events for e in new.pool.endpoints)):
@@ -417,9 +442,10 @@ class Service:
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(options=options)
+        self.tracer = _tracer(self.config)
         picker = PickerService(self.scheduler, self.recorder,
                                allow_pinning=self.config.server.allow_pinning,
-                               weights=self.weights)
+                               weights=self.weights, tracer=self.tracer)
         picker_pb2_grpc.add_EndpointPickerServicer_to_server(picker, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
@@ -526,6 +552,8 @@ class Service:
                     metrics.close()
                 if self.decisions is not None:
                     await anyio.to_thread.run_sync(self.decisions.close)
+                if self.tracer is not None:  # flushes what is queued, stops its thread
+                    await anyio.to_thread.run_sync(self.tracer.shutdown)
                 self.runtime.close()
 
     def stop(self) -> None:

@@ -25,7 +25,7 @@ if not os.environ.get("EPICK_TEST_EBPF"):
 #: Folders whose tests start real processes (Envoy, `epick serve`, the demo, benchmarks):
 #: marked ``slow``, so `pytest -m "not slow"` is the quick loop while iterating. `make
 #: test` runs everything; nothing is skipped by default.
-SLOW_FOLDERS = frozenset({"envoy", "cli", "bench", "vllm", "dataplanes", "ebpf"})
+SLOW_FOLDERS = frozenset({"envoy", "cli", "bench", "vllm", "dataplanes", "ebpf", "tracing"})
 _TESTS = Path(__file__).resolve().parent
 
 

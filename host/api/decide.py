@@ -44,6 +44,9 @@ class Verdict:
     """The metric label: one of :data:`epick.telemetry.PICK_OUTCOMES`."""
     message: str = ""
     """Why it was refused (names the field, the setting or the state); ``""`` when ok."""
+    trace: object = None
+    """The decision's span context when it was traced (``epick.tracing``), for a front end
+    that passes the trace on (ext_proc); ``None`` with tracing off or the pick unsampled."""
 
 
 class Refusal(NamedTuple):
@@ -106,36 +109,46 @@ class Decider:
     OpenAI body that is not JSON) goes through :meth:`refuse`, so it is counted the same.
     """
 
-    __slots__ = ("scheduler", "telemetry", "allow_pinning", "_pick_done")
+    __slots__ = ("scheduler", "telemetry", "allow_pinning", "tracer", "_pick_done")
 
     def __init__(self, scheduler: Scheduler, telemetry=None, *,
-                 allow_pinning: bool = False) -> None:
+                 allow_pinning: bool = False, tracer=None) -> None:
         self.scheduler = scheduler
         self.telemetry = telemetry
         self.allow_pinning = allow_pinning
+        #: :class:`epick.tracing.PickTracer` when ``[tracing]`` is on; None: a pick pays
+        #: this one attribute check and nothing else for tracing.
+        self.tracer = tracer
         # Bound once: the telemetry object does not change while serving.
         self._pick_done = telemetry.pick_done if telemetry is not None else None
 
     def decide(self, msg: picker_pb2.PickRequest, *,
-               subset: Collection[str] | None = None, started: float | None = None) -> Verdict:
+               subset: Collection[str] | None = None, started: float | None = None,
+               carrier=None, explain: bool | None = None) -> Verdict:
         """The verdict on one pick; never raises.
 
         ``subset`` (a data plane's hint) keeps the pick inside those endpoints; a pinned
         request ignores it. ``started`` (``time.perf_counter()``) is when the front end
         began on this request, so the recorded latency includes its own parsing.
+        ``carrier`` is where the front end's trace headers are (a gRPC servicer context,
+        a mapping of HTTP headers); it is read only when tracing is on. ``explain`` is the
+        tracer's (None: the request's own ``explain``).
         """
         t0 = time.perf_counter() if started is None else started
+        if self.tracer is not None and explain is None:
+            return self.tracer.decide(self, msg, subset=subset, started=t0, carrier=carrier)
+        if explain is None:
+            explain = msg.explain
         try:
             pin = pin_of(msg, allow_pinning=self.allow_pinning)
             request = to_request(msg)
             # Only the arguments a pick uses: the common case passes no keywords it ignores.
             if pin:
-                decision = self.scheduler.schedule(request, explain=msg.explain, pin=pin)
+                decision = self.scheduler.schedule(request, explain=explain, pin=pin)
             elif subset is not None:
-                decision = self.scheduler.schedule(request, explain=msg.explain,
-                                                   subset=subset)
+                decision = self.scheduler.schedule(request, explain=explain, subset=subset)
             else:
-                decision = self.scheduler.schedule(request, explain=msg.explain)
+                decision = self.scheduler.schedule(request, explain=explain)
         except Exception as exc:
             return self.refuse(exc, started=t0)
         if self._pick_done is not None:

@@ -337,6 +337,9 @@ class _Stream:
 
         value = ",".join([decision.endpoint, *decision.fallbacks[:svc.config.fallbacks]])
         set_headers = [_header(DESTINATION_HEADER, value)]
+        if verdict.trace is not None:  # a traced pick: the model server's parent is its span
+            set_headers += [_header(k, v)
+                            for k, v in svc.decider.tracer.outgoing(verdict.trace).items()]
         if parsed.rewritten:
             set_headers.append(_header("content-length", str(len(parsed.body))))
         common = ep.CommonResponse(header_mutation=ep.HeaderMutation(set_headers=set_headers),

@@ -157,7 +157,7 @@ class HttpApi:
         msg = await self._parse(request, picker_pb2.PickRequest())
         if isinstance(msg, web.Response):
             return msg
-        response, error = self.picker.answer_pick(msg)
+        response, error = self.picker.answer_pick(msg, request.headers)
         if error is not None:
             return _error(*error)
         return _json(_message_json(response))

@@ -82,8 +82,9 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
     """
 
     def __init__(self, scheduler: Scheduler, telemetry=None, *,
-                 allow_pinning: bool = False, weights=None) -> None:
-        self.decider = Decider(scheduler, telemetry, allow_pinning=allow_pinning)
+                 allow_pinning: bool = False, weights=None, tracer=None) -> None:
+        self.decider = Decider(scheduler, telemetry, allow_pinning=allow_pinning,
+                               tracer=tracer)
         self.scheduler = scheduler  # for ReportCompletion
         self._decide = self.decider.decide
         #: The :class:`epick.api.weights.WeightsHub` behind WatchWeights (None: off).
@@ -93,9 +94,11 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
     def telemetry(self):
         return self.decider.telemetry
 
-    def answer_pick(self, msg: picker_pb2.PickRequest) -> Answer:
-        """Decide one pick and encode the verdict; never raises."""
-        verdict = self._decide(msg)
+    def answer_pick(self, msg: picker_pb2.PickRequest, carrier=None) -> Answer:
+        """Decide one pick and encode the verdict; never raises. ``carrier``: where the
+        call's trace headers are (the gRPC context, HTTP headers), read only when tracing
+        is on."""
+        verdict = self._decide(msg, carrier=carrier)
         if verdict.decision is not None:
             return to_response(verdict.decision), None
         return None, (REFUSALS[verdict.outcome].grpc, verdict.message)
@@ -123,7 +126,7 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
         return picker_pb2.CompletionAck(known=known), None
 
     async def Pick(self, request, context):
-        response, error = self.answer_pick(request)
+        response, error = self.answer_pick(request, context)
         if error is not None:
             await context.abort(*error)
         return response
@@ -146,7 +149,7 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
         send, receive = anyio.create_memory_object_stream[picker_pb2.PickStreamResponse](
             STREAM_WINDOW)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._answer_stream, request_iterator, send)
+            tg.start_soon(self._answer_stream, request_iterator, send, context)
             async with receive:
                 async for response in receive:
                     await context.write(response)
@@ -156,18 +159,19 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
 
         await watch_weights(self.weights, request, context)
 
-    async def _answer_stream(self, request_iterator, send) -> None:
+    async def _answer_stream(self, request_iterator, send, context=None) -> None:
         async with send:
             async for msg in request_iterator:
-                await send.send(self.answer_stream_message(msg))
+                await send.send(self.answer_stream_message(msg, context))
 
     def answer_stream_message(
-        self, msg: picker_pb2.PickStreamRequest
+        self, msg: picker_pb2.PickStreamRequest, carrier=None
     ) -> picker_pb2.PickStreamResponse:
-        """The one response to one PickStream message; never raises."""
+        """The one response to one PickStream message; never raises. ``carrier``: the
+        stream's trace headers (its gRPC context); a message's own ``headers`` win."""
         kind = msg.WhichOneof("kind")
         if kind == "pick":
-            response, error = self.answer_pick(msg.pick)
+            response, error = self.answer_pick(msg.pick, carrier)
             if error is None:
                 return picker_pb2.PickStreamResponse(id=msg.id, pick=response)
         elif kind == "completion":

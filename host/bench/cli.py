@@ -18,6 +18,7 @@
     stages                 answer_pick's time per stage and per policy
     http                   POST /v1/pick beside unary gRPC Pick (--servers, --proxies)
     weights [--rules]      WatchWeights: Pick p50 with 0 vs 1,000 subscribers, change delay
+    tracing                Pick p50 with tracing off, at 1% and at 100% sampling
 
 Results go to results/ (each benchmark's --json and the README there say where). Those
 that read the checkout's tests/ or examples/ run from a git checkout (epick.bench.checkout).
@@ -49,6 +50,7 @@ BENCHMARKS = {
     "stages": "stages",
     "http": "http",
     "weights": "weights",
+    "tracing": "tracing",
 }
 
 
