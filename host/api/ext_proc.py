@@ -205,6 +205,8 @@ class _Stream:
         if kind == "request_trailers":
             if self.duplex and self.decision is None:  # the body ended with trailers
                 out = self._route(end=False)
+                if not isinstance(out, list):
+                    return self._then_trailers(out)
                 if not self.ended:
                     out.append(ep.ProcessingResponse(request_trailers=ep.TrailersResponse()))
                 return out
@@ -218,6 +220,12 @@ class _Stream:
             return [ep.ProcessingResponse(response_trailers=ep.TrailersResponse())]
         return self._end(immediate(500, f"epick ext_proc: unexpected message {kind!r}",
                                    "server_error"))
+
+    async def _then_trailers(self, pending) -> list[ep.ProcessingResponse]:
+        out = await pending
+        if not self.ended:
+            out.append(ep.ProcessingResponse(request_trailers=ep.TrailersResponse()))
+        return out
 
     def _end(self, response: ep.ProcessingResponse) -> list[ep.ProcessingResponse]:
         self.ended = True
@@ -282,7 +290,20 @@ class _Stream:
         except Exception as exc:  # malformed (invalid), or a bug (error)
             parsed, verdict = None, svc.decider.refuse(exc, started=t0)
         else:
+            if svc.decider.flow is not None:  # flow control: the answer may have to wait
+                return self._route_queued(parsed, t0, end)
             verdict = svc.decider.decide(parsed.pick, subset=self.subset, started=t0)
+        return self._answer(verdict, parsed, end)
+
+    async def _route_queued(self, parsed: OpenAIRequest, t0: float, end: bool | None
+                            ) -> list[ep.ProcessingResponse]:
+        verdict = await self.svc.decider.decide_async(parsed.pick, subset=self.subset,
+                                                      started=t0)
+        return self._answer(verdict, parsed, end)
+
+    def _answer(self, verdict, parsed: OpenAIRequest | None, end: bool | None
+                ) -> list[ep.ProcessingResponse]:
+        svc = self.svc
         decision = verdict.decision
         if decision is None:
             if verdict.outcome != "error":  # epick's decision: the same in both modes
@@ -439,7 +460,10 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         stream = _Stream(self)
         try:
             async for msg in request_iterator:
-                for response in stream.handle(msg):
+                out = stream.handle(msg)
+                if not isinstance(out, list):  # waiting in flow control
+                    out = await out
+                for response in out:
                     yield response
                 if stream.ended:
                     return  # one immediate response, then the stream ends
