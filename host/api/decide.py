@@ -158,6 +158,19 @@ def slo_ttft_of(msg: picker_pb2.PickRequest, request: abi.Request) -> int | None
     return ms
 
 
+def _within(room: tuple[str, ...] | None, subset: Collection[str] | None
+            ) -> Collection[str] | None:
+    """The endpoints a pick flow control lets through may go to: those with room
+    (``None``: every one), inside the data plane's own subset hint (``host:port`` or bare
+    ``host`` entries) when it sent one."""
+    if room is None:
+        return subset
+    if subset is None:
+        return room
+    hint = set(subset)
+    return tuple(a for a in room if a in hint or a.rsplit(":", 1)[0] in hint)
+
+
 @dataclass(slots=True)
 class _Waiting:
     """What a queued pick needs to be finished (a :class:`Ticket`'s payload)."""
@@ -300,7 +313,7 @@ class Decider:
         except QueueFull as exc:
             return self.refuse(QueueFullError(str(exc)), started=t0)
         if ticket is None:  # room, nothing waiting: straight through
-            return self._schedule(request, msg.explain, subset, "", t0)
+            return self._schedule(request, msg.explain, _within(flow.room, subset), "", t0)
         if not ticket.done and self._wake is not None:
             self._wake.set()
         try:
@@ -330,7 +343,9 @@ class Decider:
         w: _Waiting = ticket.payload
         if w.future.done():  # its caller went away while it was being chosen
             return
-        verdict = self._schedule(w.request, w.explain, w.subset, "", w.started)
+        room = self.flow.room if self.flow is not None else None
+        verdict = self._schedule(w.request, w.explain, _within(room, w.subset), "",
+                                 w.started)
         verdict.queue_wait_ms = ticket.wait_s * 1000
         verdict.queue_reason = "saturated"
         w.future.set_result(verdict)

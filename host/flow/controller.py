@@ -4,11 +4,13 @@ A request arrives with a band (higher first; negative = sheddable), a fairness i
 size and optionally a TTFT objective and a deadline. :meth:`FlowController.submit`:
 
 - nothing waits and the pool has room (:class:`~epick.flow.detector.SaturationDetector`):
-  ``None`` -- the caller schedules it now, nothing was queued (the unsaturated path);
+  ``None`` -- the caller schedules it now, inside :attr:`FlowController.room` (the
+  endpoints with room, ``None``: all), nothing was queued (the unsaturated path);
 - the band is full (``max_requests`` / ``max_bytes``): :class:`QueueFull`;
 - else a :class:`Ticket`, queued. It leaves exactly once, through ``on_dispatch(ticket)``
-  (room came: the callback schedules it, synchronously, so the pick is counted in
-  ``picked_since_scrape`` before the next request is let through) or
+  (room came: the callback schedules it, synchronously and inside :attr:`room`, so the
+  pick lands where there is room and is counted in ``picked_since_scrape`` before the
+  next request is let through) or
   ``on_refuse(ticket, outcome)`` (``expired``: its TTL or deadline passed;
   ``unavailable``: it expired while no endpoint had fresh metrics), or
   :meth:`FlowController.cancel` (the caller went away).
@@ -112,6 +114,9 @@ class FlowController:
         self._seq = itertools.count()
         self._count = 0
         self._labelled: set[str] = set()
+        #: After :meth:`has_room`: the addresses with room when some endpoint has none
+        #: (a pick let through now must stay inside them), else ``None``.
+        self.room: tuple[str, ...] | None = None
         self.configure(config)
 
     def configure(self, config: FlowControlConfig) -> None:
@@ -137,13 +142,17 @@ class FlowController:
         return band.count if band is not None else 0
 
     def has_room(self) -> bool:
+        """Whether some endpoint has room; sets :attr:`room` (which ones)."""
         view = self._view()
         if not view.info:
+            self.room = None
             return True  # nothing to wait for: the scheduler answers unavailable
-        room = self.detector.room(view, self._counts)
+        room = self.detector.with_room(view, self._counts)
         if self.metrics:
-            telemetry.FLOW_POOL_SATURATION.set(1.0 - room / len(view.info))
-        return room > 0
+            telemetry.FLOW_POOL_SATURATION.set(1.0 - len(room) / len(view.info))
+        # Dispatch only to endpoints with room: the scheduler's favourite may be full.
+        self.room = room if len(room) < len(view.info) else None
+        return bool(room)
 
     # -- arrivals ----------------------------------------------------------------------
 

@@ -33,15 +33,18 @@ class SaturationDetector:
 
     def room(self, view: PoolView, counts: Counts) -> int:
         """Endpoints with room now (0: the pool is saturated)."""
+        return len(self.with_room(view, counts))
+
+    def with_room(self, view: PoolView, counts: Counts) -> tuple[str, ...]:
+        """The addresses of the endpoints with room now."""
         q, kv = self.queue_threshold, self.kv_threshold
         eps, info, since = view.snapshot.endpoints, view.info, counts.picked_since_scrape
-        n = 0
+        out = []
         for i in view.fresh:
             e = eps[i]
-            if (not info[i].sleeping and e.kv_usage < kv
-                    and e.waiting + since(e.address) < q):
-                n += 1
-        return n
+            if e.kv_usage < kv and e.waiting + since(e.address) < q and not info[i].sleeping:
+                out.append(e.address)
+        return tuple(out)
 
     def saturation(self, view: PoolView, counts: Counts) -> float:
         """Share of the pool's endpoints without room (1.0 for an empty pool)."""
