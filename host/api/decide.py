@@ -179,7 +179,20 @@ class _Waiting:
     explain: bool
     subset: Collection[str] | None
     started: float
-    future: asyncio.Future
+    future: asyncio.Future | None = None
+    """Made only once it waits (the caller awaits it)."""
+    verdict: Verdict | None = None
+    """Its verdict when it left inside ``submit`` itself (no future yet)."""
+
+    def finish(self, verdict: Verdict) -> None:
+        if self.future is None:
+            self.verdict = verdict
+        elif not self.future.done():
+            self.future.set_result(verdict)
+
+    @property
+    def abandoned(self) -> bool:
+        return self.future is not None and self.future.done()
 
 
 def outcome_of(exc: Exception) -> str:
@@ -302,8 +315,7 @@ class Decider:
             slo = slo_ttft_of(msg, request)
         except Exception as exc:
             return self.refuse(exc, started=t0)
-        waiting = _Waiting(request, msg.explain, subset, t0,
-                           asyncio.get_running_loop().create_future())
+        waiting = _Waiting(request, msg.explain, subset, t0)
         try:
             ticket = flow.submit(
                 flow=fairness_of(msg, request), priority=priority,
@@ -314,7 +326,10 @@ class Decider:
             return self.refuse(QueueFullError(str(exc)), started=t0)
         if ticket is None:  # room, nothing waiting: straight through
             return self._schedule(request, msg.explain, _within(flow.room, subset), "", t0)
-        if not ticket.done and self._wake is not None:
+        if ticket.done:  # it left inside submit (room came with this arrival)
+            return waiting.verdict
+        waiting.future = asyncio.get_running_loop().create_future()
+        if self._wake is not None:
             self._wake.set()
         try:
             return await waiting.future
@@ -341,18 +356,18 @@ class Decider:
         """Room came for a queued pick: schedule it now, before the next one is let
         through, so the detector counts it."""
         w: _Waiting = ticket.payload
-        if w.future.done():  # its caller went away while it was being chosen
+        if w.abandoned:  # its caller went away while it was being chosen
             return
         room = self.flow.room if self.flow is not None else None
         verdict = self._schedule(w.request, w.explain, _within(room, w.subset), "",
                                  w.started)
         verdict.queue_wait_ms = ticket.wait_s * 1000
         verdict.queue_reason = "saturated"
-        w.future.set_result(verdict)
+        w.finish(verdict)
 
     def _expired(self, ticket: Ticket, outcome: str) -> None:
         w: _Waiting = ticket.payload
-        if w.future.done():
+        if w.abandoned:
             return
         waited = ticket.wait_s * 1000
         if outcome == "unavailable":
@@ -367,7 +382,7 @@ class Decider:
         verdict = self.refuse(exc, started=w.started)
         verdict.queue_wait_ms = waited
         verdict.queue_reason = "saturated"
-        w.future.set_result(verdict)
+        w.finish(verdict)
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Flow control's driver: while requests wait, look for room (and expire them)

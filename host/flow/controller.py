@@ -114,6 +114,7 @@ class FlowController:
         self._seq = itertools.count()
         self._count = 0
         self._labelled: set[str] = set()
+        self._direct: dict[int, object] = {}  # priority -> its bound "direct" counter
         #: After :meth:`has_room`: the addresses with room when some endpoint has none
         #: (a pick let through now must stay inside them), else ``None``.
         self.room: tuple[str, ...] | None = None
@@ -163,7 +164,11 @@ class FlowController:
         :class:`QueueFull`. ``deadline``: the caller's own, on this clock."""
         if not self._count and self.has_room():
             if self.metrics:
-                telemetry.FLOW_DISPATCHES.labels(str(priority), "direct").inc()
+                child = self._direct.get(priority)
+                if child is None:
+                    child = self._direct[priority] = telemetry.FLOW_DISPATCHES.labels(
+                        str(priority), "direct")
+                child.inc()
             return None
         cfg = self.config
         band = self._bands.get(priority)

@@ -11,7 +11,7 @@ import grpc
 import httpx
 import msgspec
 import pytest
-from epick_service import make_config, running
+from epick_service import config_text, make_config, running
 from fakes import vllm_page
 
 from epick import config as cfg
@@ -149,3 +149,66 @@ def test_critical_is_dispatched_before_the_sheddable_backlog(fake_vllm, served):
     doc = http_answer["resp"].json()
     assert doc["explanation"]["queueReason"] == "saturated"
     assert doc["explanation"]["queueWaitMs"] > 50
+
+
+def test_pick_stream_answers_queued_picks_in_order(fake_vllm, served):
+    engine = fake_vllm(IDLE)
+    svc, _ = served(engine, queue_threshold=1)
+    wait_fresh(svc)
+    engine.page = BUSY
+    time.sleep(0.2)
+    threading.Timer(0.4, lambda: setattr(engine, "page", IDLE)).start()
+    messages = [pb.PickStreamRequest(id=i, pick=pb.PickRequest(model=BASE, explain=True))
+                for i in range(3)]
+    answers = list(svc.picker.PickStream(iter(messages), timeout=10))
+    assert [a.id for a in answers] == [0, 1, 2]
+    assert all(a.WhichOneof("kind") == "pick" for a in answers), answers
+    assert all(a.pick.explanation.queue_reason == "saturated" for a in answers)
+    assert answers[0].pick.explanation.queue_wait_ms > 200
+
+
+def test_ext_proc_refuses_an_expired_request_with_429_and_the_reason(fake_vllm, tmp_path):
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+    engine = fake_vllm(BUSY)
+    base = make_config([engine.address], policies=("load",), tmp=tmp_path)
+    config = msgspec.structs.replace(
+        base, ext_proc=cfg.ExtProcConfig(listen="127.0.0.1:0"),
+        openai=cfg.OpenAIConfig(base_model=BASE),
+        flow_control=cfg.FlowControlConfig(enabled=True, ttl_ms=300))
+    headers = ep.ProcessingRequest(request_headers=ep.HttpHeaders(headers=base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode())
+                 for k, v in ((":method", "POST"), (":path", "/v1/completions"))])))
+    body = ep.ProcessingRequest(request_body=ep.HttpBody(
+        body=b'{"model": "m", "prompt": "hi"}', end_of_stream=True))
+    with running(config) as svc:
+        time.sleep(0.3)
+        with grpc.insecure_channel(f"127.0.0.1:{svc.ext_proc_port}") as channel:
+            t0 = time.monotonic()
+            answers = list(ep_grpc.ExternalProcessorStub(channel).Process(
+                iter([headers, body]), timeout=10))
+        waited = time.monotonic() - t0
+    imm = answers[-1].immediate_response
+    assert imm.status.code == 429, answers
+    sent = {h.header.key: h.header.raw_value.decode() for h in imm.headers.set_headers}
+    assert sent["x-llm-d-request-dropped-reason"] == "evicted-ttl"
+    assert waited >= 0.25
+
+
+def test_a_reload_that_turns_flow_control_off_dispatches_what_waits(fake_vllm, tmp_path):
+    engine = fake_vllm(BUSY)
+    path = tmp_path / "epick.toml"
+    text = config_text([engine.address], tmp=tmp_path)
+    path.write_text(text + "[flow_control]\nenabled = true\nttl_ms = 60000\n")
+    with running(cfg.load(path), config_path=path) as svc:
+        time.sleep(0.3)
+        waiting = svc.picker.Pick.future(pb.PickRequest(model=BASE), timeout=20)
+        time.sleep(0.3)
+        assert not waiting.done()
+        assert svc.call(lambda: svc.service._decider.flow.waiting) == 1
+        path.write_text(text + "[flow_control]\nenabled = false\n")
+        assert svc.reload()
+        assert waiting.result().endpoint == engine.address  # dispatched, not dropped
+        assert svc.call(lambda: svc.service._decider.flow) is None
