@@ -206,10 +206,16 @@ def outcome_of(exc: Exception) -> str:
     return "error"
 
 
-def outcome_of_code(code: grpc.StatusCode) -> str:
+def outcome_of_code(code: grpc.StatusCode, reason: str = "") -> str:
     """The outcome a ``Pick`` that failed with ``code`` had, for a client of the gRPC API
-    (the reference gateway). A code epick does not answer with (the call never reached
-    it: unreachable, deadline) is ``unavailable``."""
+    (the reference gateway). ``reason``: the call's ``x-llm-d-request-dropped-reason``
+    trailing metadata (flow control sends it), which tells rows sharing a code apart. A
+    code epick does not answer with (the call never reached it: unreachable, deadline) is
+    ``unavailable``."""
+    if reason:
+        for outcome, r in REFUSALS.items():
+            if r.grpc == code and r.reason == reason:
+                return outcome
     return _BY_CODE.get(code, "unavailable")
 
 

@@ -128,6 +128,8 @@ def test_every_refusal_outcome_has_one_row_and_the_codes_map_back():
         # (their own reason travels in x-llm-d-request-dropped-reason).
         expected = "shed" if outcome in ("queue_full", "queue_expired") else outcome
         assert outcome_of_code(row.grpc) == expected
+    for outcome, row in REFUSALS.items():  # with the dropped reason, each row maps back
+        assert outcome_of_code(row.grpc, row.reason) == outcome
     assert len({r.reason for r in REFUSALS.values() if r.reason}) == len(
         [r for r in REFUSALS.values() if r.reason])  # every reason says one thing
     # A code epick never answers with: the call did not reach it.
