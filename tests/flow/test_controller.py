@@ -195,3 +195,50 @@ def test_cancel_and_drain():
     assert h.fc.cancel(a) and not h.fc.cancel(a)
     assert h.fc.drain() == 1
     assert h.order == ["b"] and h.fc.waiting == 0
+
+
+def test_every_request_leaves_exactly_once_whatever_happens():
+    import random
+
+    rng = random.Random(26)
+    cfg = FlowControlConfig(enabled=True, queue_threshold=2, ttl_ms=500, max_requests=20,
+                            starvation_limit=3, fairness="weighted",
+                            fairness_weights={"a": 3.0})
+    h = Harness(cfg, view(9))
+    left: dict[int, list[str]] = {}
+    h.fc.on_dispatch = lambda t: (left.setdefault(t.payload, []).append("dispatched"),
+                                  h.ledger.picked(h.view.addresses[0]))
+    h.fc.on_refuse = lambda t, o: left.setdefault(t.payload, []).append(o)
+    tickets, direct, full = {}, set(), set()
+    for n in range(3000):
+        op = rng.random()
+        if op < 0.5:
+            try:
+                t = h.fc.submit(flow=rng.choice("abc"), priority=rng.randint(-1, 1),
+                                size=rng.randint(0, 10), payload=n,
+                                slo_ttft_ms=rng.choice([None, 100, 1000]))
+            except QueueFull:
+                full.add(n)
+                continue
+            if t is None:
+                direct.add(n)
+            else:
+                tickets[n] = t
+        elif op < 0.7:
+            h.clock.t += rng.random() * 0.2
+            h.fc.pump()
+        elif op < 0.8:
+            h.view = view(rng.choice([0, 1, 9]), fresh=rng.random() < 0.9)
+            h.scrape()
+            h.fc.pump()
+        elif op < 0.9 and tickets:
+            n = rng.choice(list(tickets))
+            if h.fc.cancel(tickets[n]):
+                left.setdefault(n, []).append("cancelled")
+    h.fc.drain()
+    assert h.fc.waiting == 0
+    for n in tickets:
+        assert len(left.get(n, [])) == 1, (n, left.get(n))
+    assert not (set(left) & (direct | full))
+    outcomes = {o for v in left.values() for o in v}
+    assert {"dispatched", "expired", "cancelled"} <= outcomes
