@@ -36,6 +36,7 @@ __all__ = [
     "ExtProcConfig",
     "OpenAIConfig",
     "HttpConfig",
+    "FlowControlConfig",
     "DecisionsConfig",
     "KvEventsConfig",
     "TracingConfig",
@@ -400,6 +401,42 @@ class TracingConfig(_Table):
     max_queue: Annotated[int, Meta(ge=1)] = 2048
     """Spans waiting for export at most; beyond it new ones are dropped (never waited for)."""
     export_timeout_ms: PositiveMs = 10_000
+class FlowControlConfig(_Table):
+    """Flow control (docs/flow-control.md): hold requests in epick while every endpoint is
+    saturated, dispatch them by priority band, fairness id and deadline. Reloadable."""
+
+    enabled: bool = False
+    """Off: every pick goes straight to the scheduler (the path costs nothing extra)."""
+    ttl_ms: Annotated[int, Meta(gt=0, le=3_600_000)] = 30_000
+    """Longest a request waits; the caller's deadline (gRPC) wins when sooner. Then
+    RESOURCE_EXHAUSTED / 429 ``evicted-ttl``."""
+    queue_threshold: Annotated[int, Meta(ge=1)] = 5
+    """An endpoint is saturated when its scraped queue plus the picks epick sent it since
+    that scrape reach this."""
+    kv_threshold: Annotated[float, Meta(gt=0, le=1)] = 0.8
+    """...or when its KV-cache use reaches this. Stale metrics count as saturated."""
+    max_requests: Annotated[int, Meta(ge=1)] = 1000
+    """Requests one priority band holds; one more is refused (``rejected-queue-full``)."""
+    max_bytes: Annotated[int, Meta(ge=1)] = 256 << 20
+    """Prompt bytes one priority band holds."""
+    starvation_limit: Annotated[int, Meta(ge=0)] = 16
+    """A waiting band passed over this many dispatches in a row is served next (0: strict
+    priority, a low band may wait until its TTL)."""
+    fairness: Literal["round-robin", "weighted"] = "round-robin"
+    """How flows (fairness ids) of one band take turns."""
+    fairness_weights: dict[str, Annotated[float, Meta(gt=0)]] = {}
+    """``weighted``: fairness id -> weight (unlisted: 1)."""
+    ordering: Literal["edf", "fcfs"] = "edf"
+    """Within a flow: ``edf`` = earliest deadline first (``slo_ttft_ms`` after arrival,
+    else its TTL: arrival order when no request carries an SLO); ``fcfs`` = arrival."""
+    objectives: dict[str, int] = {}
+    """Objective header value (``x-llm-d-inference-objective``) -> priority band, for a
+    request without ``priority``; an objective not listed falls back to its criticality
+    (CRITICAL 1, STANDARD 0, SHEDDABLE -1)."""
+    poll_ms: Annotated[int, Meta(ge=1, le=1000)] = 5
+    """How often waiting requests re-check for room (and expire) while any wait."""
+    metrics_max_flows: Annotated[int, Meta(ge=1, le=10_000)] = 32
+    """Fairness ids with their own metric label; later ones are counted as ``other``."""
 
 
 class Config(_Table):
@@ -418,6 +455,7 @@ class Config(_Table):
     kv_events: KvEventsConfig = KvEventsConfig()
     weights: WeightsConfig = WeightsConfig()
     tracing: TracingConfig = TracingConfig()
+    flow_control: FlowControlConfig = FlowControlConfig()
 
     def __post_init__(self) -> None:
         # One place for the OpenAI settings: what every front end reads is config.openai.

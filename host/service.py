@@ -44,6 +44,7 @@ from grpc_reflection.v1alpha import reflection
 
 from epick import telemetry
 from epick.api.admin import MAX_REQUEST_BYTES, AdminService
+from epick.api.decide import Decider
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker_pb2_grpc
 from epick.api.picker import PickerService
 from epick.api.weights import WeightsHub
@@ -301,6 +302,8 @@ class Service:
         if self.decisions is not None:
             self.decisions.attach(self.scheduler)
         self._cancel: anyio.CancelScope | None = None
+        #: The pick path's :class:`~epick.api.decide.Decider` once serving (flow control).
+        self._decider: Decider | None = None
         self._watchers_stop: anyio.Event | None = None
         self._serving: bool | None = None
         self._applied_policies: dict[str, tuple] = {}
@@ -414,6 +417,8 @@ class Service:
         self.scheduler.admission = AdmissionFilter(new.admission.queue_threshold,
                                                    new.admission.kv_threshold)
         self.weights.configure(new.weights)
+        if self._decider is not None:
+            self._decider.configure_flow(new.flow_control)
         self.config = new
         log.info("config reloaded from %s: %d endpoints, %d policies%s", self.config_path,
                  len(new.pool.endpoints), len(new.policies),
@@ -447,6 +452,9 @@ class Service:
                                allow_pinning=self.config.server.allow_pinning,
                                weights=self.weights, tracer=self.tracer)
         picker_pb2_grpc.add_EndpointPickerServicer_to_server(picker, server)
+        # Flow control sits in the one pick path; a reload reconfigures it there.
+        picker.decider.configure_flow(self.config.flow_control)
+        self._decider = picker.decider
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (PICKER_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -520,6 +528,7 @@ class Service:
                 if ext_proc is not None:
                     await ext_proc.start()
                 await tg.start(self.weights.run)
+                await tg.start(picker.decider.run)
                 if http is not None:
                     await http.start()
                 tg.start_soon(self._health_loop)

@@ -51,6 +51,12 @@ __all__ = [
     "DECISION_LOG_BYTES",
     "DECISION_LOG_DROP_REASONS",
     "PICK_OUTCOMES",
+    "FLOW_OUTCOMES",
+    "FLOW_QUEUE_REQUESTS",
+    "FLOW_QUEUE_BYTES",
+    "FLOW_QUEUE_WAIT",
+    "FLOW_POOL_SATURATION",
+    "FLOW_DISPATCHES",
     "SCRAPE_ERROR_REASONS",
     "POLICY_STATS",
     "Children",
@@ -64,7 +70,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 """The service's registry; every metric below is registered here and only here."""
 
 #: Label values of ``epick_picks_total{outcome}``.
-PICK_OUTCOMES = ("ok", "shed", "unavailable", "invalid", "error")
+PICK_OUTCOMES = ("ok", "shed", "unavailable", "invalid", "error", "queue_full", "queue_expired")
 #: Label values of ``epick_scrape_errors_total{reason}`` (= ``epick.pool.ScrapeError.kind``).
 SCRAPE_ERROR_REASONS = (
     "network",  # refused, reset, DNS, protocol: no usable HTTP answer
@@ -161,8 +167,45 @@ POLICY_SCORE_LATENCY = LoopHistogram(
 )
 PICKS = Counter(
     "epick_picks",
-    "Pick requests by outcome (ok|shed|unavailable|invalid|error).",
+    "Pick requests by outcome (ok|shed|unavailable|invalid|error|queue_full|queue_expired).",
     ["outcome"],
+    registry=REGISTRY,
+)
+#: Label values of ``epick_flow_queue_wait_seconds{outcome}``.
+FLOW_OUTCOMES = ("dispatched", "expired", "full", "unavailable", "cancelled")
+FLOW_QUEUE_REQUESTS = Gauge(
+    "epick_flow_queue_requests",
+    "Requests waiting in flow control, by priority band and fairness id (ids past "
+    "[flow_control] metrics_max_flows are counted as \"other\").",
+    ["priority", "fairness_id"],
+    registry=REGISTRY,
+)
+FLOW_QUEUE_BYTES = Gauge(
+    "epick_flow_queue_bytes",
+    "Bytes (prompts) waiting in flow control, by priority band and fairness id.",
+    ["priority", "fairness_id"],
+    registry=REGISTRY,
+)
+FLOW_QUEUE_WAIT = Histogram(
+    "epick_flow_queue_wait_seconds",
+    "Time a request spent in flow control's queue, by how it left "
+    "(dispatched|expired|full|unavailable|cancelled); a request that went straight "
+    "through is not counted.",
+    ["outcome"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+    registry=REGISTRY,
+)
+FLOW_POOL_SATURATION = Gauge(
+    "epick_flow_pool_saturation",
+    "Share of the pool's endpoints flow control counts as saturated (stale, or queue + "
+    "picks since its scrape at the threshold, or KV at the threshold), when last checked.",
+    registry=REGISTRY,
+)
+FLOW_DISPATCHES = Counter(
+    "epick_flow_dispatches",
+    "Requests flow control let through, by priority band and path (direct: nothing "
+    "waited and there was room; queued: after waiting).",
+    ["priority", "path"],
     registry=REGISTRY,
 )
 POLICY_ERRORS = Counter(

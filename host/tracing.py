@@ -115,17 +115,15 @@ def parent_of(header: str) -> tuple[int, bool] | None:
     return int(trace_id, 16), bool(int(flags, 16) & 1)
 
 
-def _flow_wait(span, decision) -> None:
-    """The flow-control stage, when the decision waited in a queue: an event with the
-    wait and why. The hook for flow control (issue 26): it reads the decision's
-    ``queue_wait_ms`` / ``queue_reason`` (the names ``Explanation`` has in the proto)
-    when the scheduler's ``Decision`` carries them; absent, nothing is recorded."""
-    wait_ms = getattr(decision, "queue_wait_ms", None)
-    if wait_ms is None:
+def _flow_wait(span, verdict) -> None:
+    """The flow-control stage, when the pick waited in epick's queue (docs/flow-control.md):
+    an event with the wait and why (the verdict's ``queue_wait_ms`` / ``queue_reason``)."""
+    wait_ms = getattr(verdict, "queue_wait_ms", 0.0)
+    if not wait_ms and not getattr(verdict, "queue_reason", ""):
         return
     span.add_event("flow_control.wait", {
         "epick.queue_wait_ms": float(wait_ms),
-        "epick.queue_reason": str(getattr(decision, "queue_reason", "") or ""),
+        "epick.queue_reason": str(getattr(verdict, "queue_reason", "") or ""),
     })
 
 
@@ -153,7 +151,6 @@ def _stage_events(span, decision, request) -> None:
     if decision.skipped:
         attrs["epick.skipped_policies"] = list(decision.skipped)
     span.add_event("score", attrs)
-    _flow_wait(span, decision)
     span.add_event("pick", {"epick.endpoint": decision.endpoint,
                             "epick.fallbacks": list(decision.fallbacks)})
 
@@ -214,14 +211,23 @@ class PickTracer:
         """Decide ``msg`` through ``decider``, inside a span when it is sampled; a traced
         verdict carries the span's context (``Verdict.trace``) for a front end that passes
         it on."""
-        headers = msg.headers
-        if not self.sampled(_header(headers, carrier, "traceparent")):
+        if not self.wants(msg, carrier):
             return decider.decide(msg, subset=subset, started=started, explain=msg.explain)
-        parent = _PROPAGATOR.extract((headers, carrier), Context(), getter=_GETTER)
+        verdict = decider.decide(msg, subset=subset, started=started, explain=True)
+        return self.record(msg, verdict, started=started, carrier=carrier)
+
+    def wants(self, msg, carrier) -> bool:
+        """Whether the pick ``msg`` is traced (then it is decided with an explanation,
+        which :meth:`record` turns into the stage events)."""
+        return self.sampled(_header(msg.headers, carrier, "traceparent"))
+
+    def record(self, msg, verdict, *, started: float, carrier):
+        """The span of a pick :meth:`wants` traced and that is now decided (it starts
+        when the front end began on the request: a flow-control wait is inside it)."""
+        parent = _PROPAGATOR.extract((msg.headers, carrier), Context(), getter=_GETTER)
         # The span starts when the front end began on the request, on the wall clock.
         start_ns = time.time_ns() - int((time.perf_counter() - started) * 1e9)
         span = self._start_span(SPAN_NAME, parent, kind=SpanKind.SERVER, start_time=start_ns)
-        verdict = decider.decide(msg, subset=subset, started=started, explain=True)
         verdict.trace = span.get_span_context()
         try:
             span.set_attribute("epick.outcome", verdict.outcome)
@@ -229,6 +235,7 @@ class PickTracer:
                 span.set_attribute("epick.model", msg.model)
             if msg.adapter:
                 span.set_attribute("epick.adapter", msg.adapter)
+            _flow_wait(span, verdict)
             decision = verdict.decision
             if decision is None:
                 span.set_status(Status(StatusCode.ERROR, f"{verdict.outcome}: {verdict.message}"))

@@ -30,6 +30,11 @@ EXPECTED = {
     "epick_decision_log_records": ("counter", ("kind",)),
     "epick_decision_log_dropped": ("counter", ("reason",)),
     "epick_decision_log_bytes": ("counter", ()),
+    "epick_flow_queue_requests": ("gauge", ("priority", "fairness_id")),
+    "epick_flow_queue_bytes": ("gauge", ("priority", "fairness_id")),
+    "epick_flow_queue_wait_seconds": ("histogram", ("outcome",)),
+    "epick_flow_pool_saturation": ("gauge", ()),
+    "epick_flow_dispatches": ("counter", ("priority", "path")),
 }
 
 

@@ -236,6 +236,8 @@ class _Stream:
         if kind == "request_trailers":
             if self.duplex and self.decision is None:  # the body ended with trailers
                 out = self._route(end=False)
+                if not isinstance(out, list):
+                    return self._then_trailers(out)
                 if not self.ended:
                     out.append(ep.ProcessingResponse(request_trailers=ep.TrailersResponse()))
                 return out
@@ -249,6 +251,12 @@ class _Stream:
             return [ep.ProcessingResponse(response_trailers=ep.TrailersResponse())]
         return self._end(immediate(500, f"epick ext_proc: unexpected message {kind!r}",
                                    "server_error"))
+
+    async def _then_trailers(self, pending) -> list[ep.ProcessingResponse]:
+        out = await pending
+        if not self.ended:
+            out.append(ep.ProcessingResponse(request_trailers=ep.TrailersResponse()))
+        return out
 
     def _end(self, response: ep.ProcessingResponse) -> list[ep.ProcessingResponse]:
         self.ended = True
@@ -317,7 +325,21 @@ class _Stream:
         except Exception as exc:  # malformed (invalid), or a bug (error)
             parsed, verdict = None, svc.decider.refuse(exc, started=t0)
         else:
+            if svc.decider.flow is not None:  # flow control: the answer may have to wait
+                return self._route_queued(parsed, subset, selected, t0, end)
             verdict = svc.decider.decide(parsed.pick, subset=subset, started=t0)
+        return self._answer(verdict, parsed, selected, end)
+
+    async def _route_queued(self, parsed: OpenAIRequest, subset, selected, t0: float,
+                            end: bool | None) -> list[ep.ProcessingResponse]:
+        verdict = await self.svc.decider.decide_async(parsed.pick, subset=subset, started=t0)
+        return self._answer(verdict, parsed, selected, end)
+
+    def _answer(self, verdict, parsed: OpenAIRequest | None, selected, end: bool | None
+                ) -> list[ep.ProcessingResponse]:
+        """The routing answer for ``verdict`` (``selected``: the conformance hooks' test
+        selection, when the request carried one)."""
+        svc = self.svc
         decision = verdict.decision
         if decision is None:
             if selected and verdict.outcome == "unavailable":
@@ -488,7 +510,10 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         stream = _Stream(self)
         try:
             async for msg in request_iterator:
-                for response in stream.handle(msg):
+                out = stream.handle(msg)
+                if not isinstance(out, list):  # waiting in flow control
+                    out = await out
+                for response in out:
                     yield response
                 if stream.ended:
                     return  # one immediate response, then the stream ends

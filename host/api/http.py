@@ -68,7 +68,10 @@ STATUS = {
     **{r.grpc: r.http for r in REFUSALS.values()},
 }
 #: ext_proc's reasons for the same outcomes (upstream's header), from the same table.
-_REASONS = {r.grpc: r.reason for r in REFUSALS.values() if r.reason}
+_REASONS: dict[grpc.StatusCode, str] = {}
+for _r in REFUSALS.values():
+    if _r.reason:
+        _REASONS.setdefault(_r.grpc, _r.reason)  # the first row of a code (shed's)
 #: Optional header on ``/v1/route``: the client's own path (``/v1/chat/completions``…).
 #: Without it a body with ``messages`` is a chat completion, any other a completion.
 PATH_HEADER = "x-epick-path"
@@ -80,9 +83,12 @@ SSE_KEEPALIVE_S = 15.0
 _WEIGHTS_PARAMS = ("model", "adapter", "criticality")
 
 
-def _error(code: grpc.StatusCode, message: str, *, status: int | None = None) -> web.Response:
+def _error(code: grpc.StatusCode, message: str, metadata: tuple = (), *,
+           status: int | None = None) -> web.Response:
+    """``metadata``: the async answer's trailing metadata, whose dropped reason (flow
+    control's own) wins over the code's."""
     headers = {}
-    reason = _REASONS.get(code)
+    reason = dict(metadata).get(DROPPED_REASON_HEADER) or _REASONS.get(code)
     if reason is not None:
         headers[DROPPED_REASON_HEADER] = reason
     return _json(json.dumps({"code": code.name, "message": message}),
@@ -157,7 +163,10 @@ class HttpApi:
         msg = await self._parse(request, picker_pb2.PickRequest())
         if isinstance(msg, web.Response):
             return msg
-        response, error = self.picker.answer_pick(msg, request.headers)
+        if self.picker.decider.flow is None:
+            response, error = self.picker.answer_pick(msg, request.headers)
+        else:
+            response, error = await self.picker.answer_pick_async(msg, carrier=request.headers)
         if error is not None:
             return _error(*error)
         return _json(_message_json(response))
@@ -189,7 +198,10 @@ class HttpApi:
             verdict = self.picker.decider.refuse(InvalidArgument(f"malformed request: {exc}"),
                                                  started=t0)
             return _error(REFUSALS[verdict.outcome].grpc, verdict.message)
-        response, error = self.picker.answer_pick(parsed.pick)
+        if self.picker.decider.flow is None:
+            response, error = self.picker.answer_pick(parsed.pick)
+        else:
+            response, error = await self.picker.answer_pick_async(parsed.pick)
         if error is not None:
             return _error(*error)
         fallbacks = list(response.fallbacks)

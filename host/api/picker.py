@@ -10,6 +10,12 @@ gets the same answer either way.
 
 This is the hot path (docs/performance.md): per pick it reads each protobuf field once,
 records telemetry through pre-bound children, and builds no explanation unless asked.
+
+With flow control on (``decider.flow`` set) picks go through the awaitable twins
+(:meth:`PickerService.answer_pick_async`): a request may wait in epick's queue, and a
+refusal carries upstream's ``x-llm-d-request-dropped-reason`` as trailing metadata.
+Unary ``Pick`` passes its gRPC deadline; a PickStream answers in order, each pick
+waiting on its own (a queued pick does not hold back the stream's reading).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import logging
 import anyio
 import grpc
 
-from epick.api.decide import REFUSALS, Decider, outcome_of
+from epick.api.decide import REFUSALS, Decider, Verdict, outcome_of
 from epick.api.gen.epick.v1 import picker_pb2, picker_pb2_grpc
 from epick.api.status import grpc_code
 from epick.api.validate import InvalidArgument, pin_of, to_completion, to_request
@@ -65,8 +71,12 @@ def to_response(decision) -> picker_pb2.PickResponse:
     return resp
 
 
-#: One answer: a response, or the status code and details the call fails with.
+#: One answer: a response, or the status code and details the call fails with (the
+#: async twins add trailing metadata: ``(code, details, metadata)``).
 Answer = tuple[object, None] | tuple[None, tuple[grpc.StatusCode, str]]
+
+#: Upstream's header on a refusal that says why the request was dropped.
+DROPPED_REASON = "x-llm-d-request-dropped-reason"
 
 
 class PickerService(picker_pb2_grpc.EndpointPickerServicer):
@@ -103,6 +113,25 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
             return to_response(verdict.decision), None
         return None, (REFUSALS[verdict.outcome].grpc, verdict.message)
 
+    async def answer_pick_async(self, msg: picker_pb2.PickRequest, *,
+                                deadline_s: float | None = None, carrier=None) -> Answer:
+        """:meth:`answer_pick` through flow control; an error is ``(code, details,
+        trailing metadata)`` with the dropped reason."""
+        return self.encode(await self.decider.decide_async(msg, deadline_s=deadline_s,
+                                                           carrier=carrier), msg.explain)
+
+    @staticmethod
+    def encode(verdict: Verdict, explain: bool) -> Answer:
+        if verdict.decision is not None:
+            response = to_response(verdict.decision)
+            if explain:
+                response.explanation.queue_wait_ms = verdict.queue_wait_ms
+                response.explanation.queue_reason = verdict.queue_reason
+            return response, None
+        refusal = REFUSALS[verdict.outcome]
+        metadata = ((DROPPED_REASON, refusal.reason),) if refusal.reason else ()
+        return None, (refusal.grpc, verdict.message, metadata)
+
     def answer_completion(self, msg: picker_pb2.CompletionReport) -> Answer:
         """Validate one completion report and run the post_response hooks; never raises."""
         try:
@@ -126,7 +155,11 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
         return picker_pb2.CompletionAck(known=known), None
 
     async def Pick(self, request, context):
-        response, error = self.answer_pick(request, context)
+        if self.decider.flow is None:
+            response, error = self.answer_pick(request, context)
+        else:
+            response, error = await self.answer_pick_async(
+                request, deadline_s=context.time_remaining(), carrier=context)
         if error is not None:
             await context.abort(*error)
         return response
@@ -149,9 +182,12 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
         send, receive = anyio.create_memory_object_stream[picker_pb2.PickStreamResponse](
             STREAM_WINDOW)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._answer_stream, request_iterator, send, context)
+            tg.start_soon(self._answer_stream, request_iterator, send, tg, context)
             async with receive:
                 async for response in receive:
+                    if isinstance(response, _Slot):  # a pick waiting in flow control
+                        await response.filled.wait()
+                        response = response.value
                     await context.write(response)
 
     async def WatchWeights(self, request, context) -> None:
@@ -159,10 +195,22 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
 
         await watch_weights(self.weights, request, context)
 
-    async def _answer_stream(self, request_iterator, send, context=None) -> None:
+    async def _answer_stream(self, request_iterator, send, tg, context=None) -> None:
         async with send:
             async for msg in request_iterator:
-                await send.send(self.answer_stream_message(msg, context))
+                if self.decider.flow is not None and msg.WhichOneof("kind") == "pick":
+                    # Its answer is written in order, when it comes; reading goes on.
+                    slot = _Slot()
+                    tg.start_soon(self._fill, slot, msg, context)
+                    await send.send(slot)
+                else:
+                    await send.send(self.answer_stream_message(msg, context))
+
+    async def _fill(self, slot: _Slot, msg: picker_pb2.PickStreamRequest,
+                    context=None) -> None:
+        response, error = await self.answer_pick_async(msg.pick, carrier=context)
+        slot.value = self._stream_answer(msg, response, error)
+        slot.filled.set()
 
     def answer_stream_message(
         self, msg: picker_pb2.PickStreamRequest, carrier=None
@@ -172,15 +220,33 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
         kind = msg.WhichOneof("kind")
         if kind == "pick":
             response, error = self.answer_pick(msg.pick, carrier)
-            if error is None:
-                return picker_pb2.PickStreamResponse(id=msg.id, pick=response)
-        elif kind == "completion":
+            return self._stream_answer(msg, response, error)
+        if kind == "completion":
             response, error = self.answer_completion(msg.completion)
             if error is None:
                 return picker_pb2.PickStreamResponse(id=msg.id, completion=response)
         else:
             error = (grpc.StatusCode.INVALID_ARGUMENT,
                      f"PickStreamRequest {msg.id} has neither pick nor completion")
-        code, details = error
+        code, details = error[:2]
         return picker_pb2.PickStreamResponse(
             id=msg.id, error=picker_pb2.StreamError(code=code.value[0], message=details))
+
+    @staticmethod
+    def _stream_answer(msg: picker_pb2.PickStreamRequest, response, error
+                       ) -> picker_pb2.PickStreamResponse:
+        if error is None:
+            return picker_pb2.PickStreamResponse(id=msg.id, pick=response)
+        code, details = error[:2]
+        return picker_pb2.PickStreamResponse(
+            id=msg.id, error=picker_pb2.StreamError(code=code.value[0], message=details))
+
+
+class _Slot:
+    """A PickStream answer still waiting in flow control (written when filled)."""
+
+    __slots__ = ("filled", "value")
+
+    def __init__(self) -> None:
+        self.filled = anyio.Event()
+        self.value: picker_pb2.PickStreamResponse | None = None

@@ -11,7 +11,9 @@ each scorer alone (load, prefix-cache, lora-affinity).
 
 Workloads: multi-lora (10 replicas, 15 adapters, 60/30/10 traffic over three groups,
 max_lora 3, a rate sweep from light to overloaded), shared-prefix (many tenants, each
-with a long system prompt), zero-hit (unique prompts, no adapters).
+with a long system prompt), zero-hit (unique prompts, no adapters). Opt-in: overload
+(flow control off vs on past the fleet's capacity, ``epick.bench.overload``:
+``--workloads overload``).
 
 Precise prefix routing (issue 16): the router ``epick-precise`` is epick with the
 ``precise-prefix`` policy in place of ``prefix-cache``, its per-candidate counts from an
@@ -244,6 +246,9 @@ RESTART_LOST_S = 4.0
 
 
 WORKLOADS = ("multi-lora", "shared-prefix", "zero-hit")
+#: Flow control's overload workload (opt-in, ``epick.bench.overload``): flow control off
+#: vs on at 0.5x, 1.5x and 3x the fleet's capacity.
+OVERLOAD = "overload"
 
 
 def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int = 1,
@@ -611,6 +616,20 @@ def main(argv: list[str] | None = None) -> int:
         rates = {k: tuple(float(r) for r in v.split(":"))
                  for k, v in (kv.split("=") for kv in args.rates.split(","))}
     console = Console(width=160)
+    names = tuple(args.workloads.split(","))
+    if OVERLOAD in names:  # flow control's workload (issue 26): its own runs and table
+        from epick.bench import overload
+
+        res = overload.run(quick=args.quick, seed=args.seed,
+                           scrape_interval_ms=args.scrape_interval_ms, weights=weights,
+                           progress=console.print)
+        for line in overload.table(res):
+            console.print(line)
+        names = tuple(n for n in names if n != OVERLOAD)
+        if not names:
+            _write_json(console, args.json, {"overload": res})
+            return 0
+        args.workloads = ",".join(names)
     if args.seeds:
         results = sweep_seeds(range(args.seed, args.seed + args.seeds), quick=args.quick,
                               workloads=tuple(args.workloads.split(",")),

@@ -40,6 +40,7 @@ from epick.api.decide import outcome_of_code
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 from epick.api.gen.epick.v1 import picker_pb2_grpc
 from epick.api.openai_request import (
+    DROPPED_REASON_HEADER,
     InvalidArgument,
     OpenAIConfig,
     OpenAIError,
@@ -63,7 +64,11 @@ def _error(error: OpenAIError) -> web.Response:
 
 def _refused(exc: grpc.aio.AioRpcError) -> OpenAIError:
     """A failed Pick, told as every front end tells that outcome."""
-    return refusal(outcome_of_code(exc.code()), exc.details() or str(exc.code()))
+    reason = ""
+    for key, value in exc.trailing_metadata() or ():
+        if key == DROPPED_REASON_HEADER:  # flow control's own reason (evicted-ttl, ...)
+            reason = value
+    return refusal(outcome_of_code(exc.code(), reason), exc.details() or str(exc.code()))
 
 
 _ALL_REFUSED = OpenAIError(502, "bad_gateway",

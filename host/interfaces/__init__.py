@@ -16,11 +16,13 @@ import-linter contracts that `make lint` runs.
 
 Modules: ``view`` (PoolView, EndpointInfo), ``cycle`` (Cycle, AssignmentView, KvCounts),
 ``plugins`` (the protocols, Capabilities, PluginError, Picker), ``errors``
-(PolicyFailure, FailureKind, STATUS).
+(PolicyFailure, FailureKind, STATUS), ``flow`` (flow control's ordering and fairness
+rules: FlowItem, OrderingPolicy, FairnessPolicy).
 """
 
 from epick.interfaces.cycle import AssignmentView, Cycle, KvCounts
 from epick.interfaces.errors import STATUS, FailureKind, PolicyFailure, Status, status_of
+from epick.interfaces.flow import FairnessPolicy, FlowItem, OrderingPolicy
 from epick.interfaces.plugins import (
     EXTENSION_POINTS,
     Capabilities,
@@ -58,4 +60,7 @@ __all__ = [
     "PreRequestPlugin",
     "PostResponsePlugin",
     "Picker",
+    "FlowItem",
+    "OrderingPolicy",
+    "FairnessPolicy",
 ]

@@ -124,7 +124,14 @@ def test_without_telemetry_nothing_is_recorded_and_nothing_breaks():
 def test_every_refusal_outcome_has_one_row_and_the_codes_map_back():
     assert set(REFUSALS) == set(PICK_OUTCOMES) - {"ok"}
     for outcome, row in REFUSALS.items():
-        assert outcome_of_code(row.grpc) == outcome
+        # Flow control's refusals share shed's code: a gRPC client reads them as shed
+        # (their own reason travels in x-llm-d-request-dropped-reason).
+        expected = "shed" if outcome in ("queue_full", "queue_expired") else outcome
+        assert outcome_of_code(row.grpc) == expected
+    for outcome, row in REFUSALS.items():  # with the dropped reason, each row maps back
+        assert outcome_of_code(row.grpc, row.reason) == outcome
+    assert len({r.reason for r in REFUSALS.values() if r.reason}) == len(
+        [r for r in REFUSALS.values() if r.reason])  # every reason says one thing
     # A code epick never answers with: the call did not reach it.
     assert outcome_of_code(grpc.StatusCode.DEADLINE_EXCEEDED) == "unavailable"
     assert outcome_of(InvalidArgument("x")) == "invalid"

@@ -9,11 +9,13 @@ import threading
 import time
 
 import httpx
+import msgspec
 import pytest
 from aiohttp import web
 from epick_service import make_config, running, spy_complete
 from fakes import vllm_page
 
+from epick import config as cfg
 from epick.gateway.proxy import Gateway, make_app
 from epick.sim.server import serve_fleet
 
@@ -198,6 +200,26 @@ def test_shed_and_unavailable_become_429_and_503(fake_vllm, tmp_path):
             assert r.status_code == 503
             assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-no-endpoints"
             assert "no endpoint has fresh metrics" in r.json()["error"]["message"]
+            lt.run(runner.cleanup())
+    finally:
+        lt.close()
+
+
+def test_flow_controls_expiry_reaches_the_client_as_429_evicted_ttl(fake_vllm, tmp_path):
+    busy = fake_vllm(vllm_page(waiting=50, model=BASE))
+    config = msgspec.structs.replace(
+        make_config([busy.address], policies=("load",), tmp=tmp_path),
+        flow_control=cfg.FlowControlConfig(enabled=True, ttl_ms=300))
+    lt = LoopThread()
+    try:
+        with running(config) as svc:
+            runner, url = lt.run(_start_gateway(svc.target))
+            time.sleep(0.3)
+            r = httpx.post(f"{url}/v1/completions", json={"model": BASE, "prompt": "x"},
+                           timeout=10)
+            assert r.status_code == 429, r.text
+            assert r.headers["x-llm-d-request-dropped-reason"] == "evicted-ttl"
+            assert "ttl_ms" in r.json()["error"]["message"]
             lt.run(runner.cleanup())
     finally:
         lt.close()
