@@ -16,6 +16,7 @@ EXPECTED = {
     "epick_scrape_errors": ("counter", ("endpoint", "reason")),
     "epick_endpoint_fresh": ("gauge", ("endpoint",)),
     "epick_endpoint_scrape_age_seconds": ("gauge", ("endpoint",)),
+    "epick_pool_last_resort_endpoints": ("gauge", ()),
     "epick_snapshot_rebuilds": ("counter", ()),
     "epick_snapshot_endpoints": ("gauge", ()),
     "epick_discovery_errors": ("counter", ("source", "reason")),
