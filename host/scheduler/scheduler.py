@@ -35,7 +35,7 @@ import numpy as np
 
 from epick import abi
 from epick.abi import Criticality
-from epick.interfaces import Capabilities, Cycle, KvCounts, Picker, PluginError, PoolView
+from epick.interfaces import Cycle, KvCounts, Picker, PluginError, PoolView
 from epick.ratelog import RateLimitedLog
 from epick.scheduler import explain as explain_view
 from epick.scheduler.assignments import Assignments, Ledger
