@@ -49,6 +49,7 @@ SCORE_SENTINEL = np.uint64(0x7FF8_E91C_5C0E_0BAD)
 _KEEP_SENTINEL = np.uint8(0xFF)
 _ONE_BITS = np.float64(1.0).view(np.uint64)
 _max_bits = np.maximum.reduce
+_SENTINEL_INT = int(SCORE_SENTINEL)
 #: The longest guest error message reported; longer ones are cut.
 MAX_ERROR_BYTES = 256
 
@@ -148,6 +149,7 @@ class PolicyInstance:
         self._out_f64 = self._out_u64 = np.empty(0)
         self._out_u8 = np.empty(0, dtype=np.uint8)
         self._out_mv = memoryview(b"")
+        self._out_q = memoryview(b"").cast("Q")
         try:
             self._grow_input(_INITIAL_INPUT)
             self._grow_output(_INITIAL_OUTPUT_SLOTS)
@@ -191,31 +193,35 @@ class PolicyInstance:
         func = self._score
         if func is None:
             raise self._missing("score")
-        if not self._lock.acquire(False):
+        lock = self._lock
+        if not lock.acquire(False):
             raise self._busy()
         try:
             if not self._ticker.running:
                 self._check_ticker()
-            size = self._put_input(blob)
+            size = len(blob)
+            if size > self._in_cap:
+                self._grow_input(size)
+            self._in_mv[:size] = blob
             if n >= self._out_slots:
                 self._grow_output(n + 1)
-            self._out_mv[: 8 * (n + 1)] = self._sentinels[: 8 * (n + 1)]
+            end = 8 * (n + 1)
+            self._out_mv[:end] = self._sentinels[:end]
             status = func.call3(self._in_ptr, size, self._out_ptr)
             if status:
                 raise PolicyCallError(self.name, "score", status, self._error_message())
-            bits = self._out_u64
-            if bits[n] != SCORE_SENTINEL:
+            # Slot n read as a Python int (a numpy scalar costs more than this whole check).
+            if self._out_q[n] != _SENTINEL_INT:
                 raise PolicyOutputError(
                     self.name, "score", f"score wrote more than the {n} scores asked for"
                 )
-            # Non-negative doubles order like their bit patterns, and every NaN (the
-            # sentinel included), inf and negative number has a pattern above 1.0's: one
-            # max() over the bits tells "all in [0, 1]" (and so "all written").
-            in_range = n == 0 or _max_bits(bits[:n]) <= _ONE_BITS
             scores = self._out_f64[:n].copy()
         finally:
-            self._lock.release()
-        if in_range:
+            lock.release()
+        # Non-negative doubles order like their bit patterns, and every NaN (the
+        # sentinel included), inf and negative number has a pattern above 1.0's: one
+        # max() over the bits tells "all in [0, 1]" (and so "all written").
+        if not n or _max_bits(scores.view(np.uint64)) <= _ONE_BITS:
             return scores, True
         written = scores.view(np.uint64) != SCORE_SENTINEL
         if not written.all():
@@ -335,6 +341,7 @@ class PolicyInstance:
         self._score = self._filter = self._set_snapshot = None
         self._pre_request = self._post_response = None
         self._in_mv = memoryview(b"")
+        self._out_q = memoryview(b"").cast("Q")
         self._out_f64 = self._out_u64 = np.empty(0)
         self._out_u8 = np.empty(0, dtype=np.uint8)
         self._out_mv = memoryview(b"")
@@ -355,16 +362,21 @@ class PolicyInstance:
     def _call_blob(self, func: GuestFunc | None, export: str, blob: bytes) -> None:
         if func is None:
             raise self._missing(export)
-        if not self._lock.acquire(False):
+        lock = self._lock
+        if not lock.acquire(False):
             raise self._busy()
         try:
-            self._check_ticker()
-            size = self._put_input(blob)
+            if not self._ticker.running:
+                self._check_ticker()
+            size = len(blob)
+            if size > self._in_cap:
+                self._grow_input(size)
+            self._in_mv[:size] = blob
             status = func.call2(self._in_ptr, size)
             if status:
                 raise PolicyCallError(self.name, export, status, self._error_message())
         finally:
-            self._lock.release()
+            lock.release()
 
     def _produce(self, export: str) -> bytes:
         """Call a ``() -> status`` export that leaves bytes at output_ptr/output_len."""
@@ -418,6 +430,7 @@ class PolicyInstance:
         self._sentinels = memoryview(SCORE_SENTINEL.tobytes() * slots)
         self._out_f64 = self._out_u8.view(np.float64)
         self._out_u64 = self._out_u8.view(np.uint64)
+        self._out_q = self._out_mv.cast("Q")
 
     def _error_message(self) -> str:
         """The guest's message for its last non-zero return, made safe to log."""

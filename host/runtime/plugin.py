@@ -119,7 +119,13 @@ class WasmPolicy:
             mod, dict(params or {}), name=self.name, clock=clock, stats=self.stats,
             checkpoints=self.checkpoints, background=background_recovery)
         # The instance and PoolView last delivered with set_snapshot (resident mode).
-        self._fed: tuple[object, object] = (None, None)
+        self._fed_inst: object = None
+        self._fed_view: object = None
+        # Read on every score: a closed breaker needs no admit() call.
+        self._score_breaker = self.supervisor.breaker("score")
+        self._hook_breakers = {stage: self.supervisor.breaker(stage)
+                               for stage in ("pre_request", "post_response")}
+        self._pre_breaker = self._hook_breakers["pre_request"]
 
     def __repr__(self) -> str:
         return f"<WasmPolicy {self.name!r} module={self.module.name!r} breaker={self.breaker_state}>"
@@ -174,10 +180,22 @@ class WasmPolicy:
         if n == 0:
             return _EMPTY.copy()
         sup = self.supervisor
-        sup.admit("score")
+        breaker = self._score_breaker
+        if breaker.state != "closed":
+            sup.admit("score")
         t0 = _perf_ns()
+        # The lean path, inlined (_score_once is the same, for the retry): every call of
+        # every pick runs it, and each Python call layer costs about as much as a check.
         try:
-            scores, in_range = self._score_once(cycle, candidates, n)
+            inst = sup.live()
+            if self._resident:
+                view = cycle.view
+                if view is not self._fed_view or inst is not self._fed_inst:
+                    self._feed(inst, view)
+                blob = cycle.score_input(candidates, inline_snapshot=False)
+            else:
+                blob = cycle.score_input(candidates, inline_snapshot=True)
+            scores, in_range = inst.score_checked(blob, n)
         except PolicyTimeout as exc:
             scores, in_range = self._retry("score", exc, t0, self._score_once, cycle, candidates, n)
         except PolicyError as exc:
@@ -194,7 +212,8 @@ class WasmPolicy:
                 raise sup.failed("score", exc, t0) from None
             self.stats.out_of_range += int(np.count_nonzero((scores < 0.0) | (scores > 1.0)))
             np.clip(scores, 0.0, 1.0, out=scores)
-        sup.succeeded("score", t0)
+        self.stats.succeeded(_perf_ns() - t0)
+        breaker.success()
         return scores
 
     def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:
@@ -219,8 +238,27 @@ class WasmPolicy:
     def pre_request(self, cycle: Cycle, endpoint: str) -> None:
         """Tell the policy ``endpoint`` was picked for ``cycle.request`` (stamped with the
         cycle's ``now_ms``, else ``now_ms()``)."""
-        self._hook("pre_request",
-                   cycle.pre_request_input(endpoint, cycle.now_ms or self._now_ms()))
+        blob = cycle.pre_request_input(endpoint, cycle.now_ms or self._now_ms())
+        # _hook's lean path, inlined for the hook every pick runs (one call layer less).
+        breaker = self._pre_breaker
+        if breaker.state != "closed":
+            self._hook("pre_request", blob)
+            return
+        sup = self.supervisor
+        t0 = _perf_ns()
+        try:
+            sup.live().pre_request(blob)
+        except PolicyTimeout as exc:
+            self._retry("pre_request", exc, t0, self._hook_once, "pre_request", blob)
+        except PolicyError as exc:
+            raise sup.failed("pre_request", exc, t0) from exc
+        except Recovering as exc:
+            raise sup.skipped("pre_request", exc) from None
+        self.stats.succeeded(_perf_ns() - t0)
+        breaker.success()
+        self.checkpoints.changed()
+        if self._checkpoint_on_hooks:
+            self._maybe_checkpoint()
 
     def post_response(self, event: abi.PostResponseEvent) -> None:
         """Tell the policy a request finished."""
@@ -275,14 +313,17 @@ class WasmPolicy:
 
     # -- internals ----------------------------------------------------------------------
 
+    def _feed(self, inst: PolicyInstance, view: Any) -> None:
+        """Deliver ``view``'s snapshot to ``inst`` (resident mode: a new view or instance)."""
+        inst.set_snapshot(view.encoded)
+        self._fed_inst, self._fed_view = inst, view
+
     def _score_input(self, inst: PolicyInstance, cycle: Cycle, candidates: tuple[int, ...]) -> bytes:
         if not self._resident:
             return cycle.score_input(candidates, inline_snapshot=True)
         view = cycle.view
-        fed_inst, fed_view = self._fed
-        if view is not fed_view or inst is not fed_inst:  # a new snapshot, or instance
-            inst.set_snapshot(view.encoded)
-            self._fed = (inst, view)
+        if view is not self._fed_view or inst is not self._fed_inst:  # a new snapshot, or instance
+            self._feed(inst, view)
         return cycle.score_input(candidates, inline_snapshot=False)
 
     def _score_once(self, cycle: Cycle, candidates: tuple[int, ...], n: int) -> tuple[np.ndarray, bool]:
@@ -302,7 +343,9 @@ class WasmPolicy:
 
     def _hook(self, stage: str, blob: bytes) -> None:
         sup = self.supervisor
-        sup.admit(stage)
+        breaker = self._hook_breakers[stage]
+        if breaker.state != "closed":
+            sup.admit(stage)
         t0 = _perf_ns()
         try:
             self._hook_once(stage, blob)
@@ -312,7 +355,8 @@ class WasmPolicy:
             raise sup.failed(stage, exc, t0) from exc
         except Recovering as exc:
             raise sup.skipped(stage, exc) from None
-        sup.succeeded(stage, t0)
+        self.stats.succeeded(_perf_ns() - t0)
+        breaker.success()
         self.checkpoints.changed()
         if self._checkpoint_on_hooks:
             self._maybe_checkpoint()

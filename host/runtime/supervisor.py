@@ -191,6 +191,12 @@ class Supervisor:
 
     # -- the request path ---------------------------------------------------------------
 
+    def breaker(self, stage: str) -> CircuitBreaker:
+        """``stage``'s breaker (the same object for the supervisor's lifetime): a caller on
+        the request path may skip :meth:`admit` while its state is ``closed``, and record
+        a success as :meth:`succeeded` does."""
+        return self._breakers[stage]
+
     def admit(self, stage: str) -> None:
         """Raise ``PluginError(circuit-open)`` if ``stage``'s breaker holds calls off."""
         breaker = self._breakers[stage]

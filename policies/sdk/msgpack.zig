@@ -155,6 +155,12 @@ pub const Reader = struct {
     }
 
     pub fn int(r: *Reader, what: []const u8) Error!i64 {
+        // A positive fixint is the byte itself: candidate indices and per-candidate counts
+        // nearly always are, and the i128 path below costs several times as much in wasm.
+        if (r.pos < r.buf.len and r.buf[r.pos] < 0x80) {
+            r.pos += 1;
+            return r.buf[r.pos - 1];
+        }
         const start = r.pos;
         const v = (try r.anyInt(what)) orelse return r.mismatch(what, "int", r.buf[r.pos]);
         if (v > std.math.maxInt(i64)) {

@@ -79,3 +79,27 @@ def test_every_policy_hook_of_a_cycle_gets_one_encoding_of_the_pick():
     other = msgspec.msgpack.decode(cycle.pre_request_input("e0:8000", 99),
                                    type=abi.PreRequestEvent)
     assert (other.endpoint, other.timestamp_ms) == ("e0:8000", 99)
+
+
+def test_counts_kept_for_repeated_addresses_match_a_fresh_lookup():
+    """The counts of the addresses a pick asks for again are kept current by every change
+    (picked, completed, scraped, forget), never stale: checked against a fresh Assignments
+    fed the same changes, over random changes and asks."""
+    import random
+
+    from epick.scheduler.assignments import Assignments
+
+    rng = random.Random(7)
+    names = tuple(f"e{i}:8000" for i in range(6)) + ("gone:1",)
+    view_a, view_b = names[:6], names[1:]
+    kept, fresh = Assignments(), Assignments()
+    for step in range(3000):
+        op = rng.choice(("picked", "picked", "completed", "scraped", "forget", "ask", "ask"))
+        if op == "ask":
+            asked = rng.choice((view_a, view_a, view_b, list(view_a)))
+            # a fresh object each time on the fresh side: never its kept rows
+            assert kept.of(asked) == fresh.of(list(asked)), step
+        else:
+            address = rng.choice(names)
+            getattr(kept, op)(address)
+            getattr(fresh, op)(address)
