@@ -6,6 +6,8 @@
       ├─ Pool.run                 scrape loops (started: after the first scrape round)
       ├─ grpc.aio servers         Pick API + health + reflection; Admin on its own port
       ├─ aiohttp server           [http]: the HTTP/JSON front end (epick.api.http)
+      ├─ Hub + Workers            [server] workers > 1: ext_proc in N worker processes
+      │                           (SO_REUSEPORT), deciding here over a Unix socket
       ├─ _health_loop             SERVING once an endpoint is fresh and policies are loaded
       ├─ _checkpoint_loop         policies' last good state, once a second, between picks
       ├─ _watch_config            file changes and SIGHUP -> reload (a bad file is refused)
@@ -30,8 +32,10 @@ import errno
 import functools
 import hashlib
 import logging
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 from pathlib import Path
 
@@ -111,6 +115,23 @@ def _listen(bind, address: str, key: str) -> int:
         raise ListenError(f"cannot listen on {address} ({key}): {why}; "
                           f"free it or set another address") from None
     return port
+
+
+def _reserve_port(address: str) -> socket.socket:
+    """A socket bound (not listening) to ``address`` with SO_REUSEPORT: it holds the port
+    (``:0`` becomes a concrete one) for the front-end workers, which bind it the same way
+    and listen. Only listening sockets get connections, so this one never does."""
+    host, port = _host_port(address)
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+    sock = socket.socket(infos[0][0], socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(infos[0][4])
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class TelemetryRecorder:
@@ -281,6 +302,10 @@ class Service:
         if self.decisions is not None:
             self.decisions.attach(self.scheduler)
         self._cancel: anyio.CancelScope | None = None
+        self.hub = None
+        """The front-end workers' hub (``[server] workers`` > 1 with ext_proc on)."""
+        self.workers = None
+        """Their supervisor: ``workers.pids`` (index -> pid), ``workers.restarts``."""
         self._watchers_stop: anyio.Event | None = None
         self._serving: bool | None = None
         self._applied_policies: dict[str, tuple] = {}
@@ -442,7 +467,17 @@ class Service:
                                       "[admin] listen")
 
         ext_proc = None
-        if self.config.ext_proc.listen:
+        reserved: socket.socket | None = None
+        if self.config.ext_proc.listen and self.config.server.workers > 1:
+            def reserve(address: str) -> int:
+                nonlocal reserved
+                reserved = _reserve_port(address)
+                return reserved.getsockname()[1]
+
+            self.ext_proc_port = _listen(reserve, self.config.ext_proc.listen,
+                                         "[ext_proc] listen")
+            self._make_workers(picker.decider)
+        elif self.config.ext_proc.listen:
             from epick.api.ext_proc import build_server  # xds protos load only when used
 
             def bind_ext_proc(_address: str) -> int:
@@ -491,6 +526,9 @@ class Service:
                     await admin.start()
                 if ext_proc is not None:
                     await ext_proc.start()
+                if self.workers is not None:
+                    await tg.start(self.hub.run)
+                    await tg.start(self.workers.run)
                 await tg.start(self.weights.run)
                 if http is not None:
                     await http.start()
@@ -522,9 +560,31 @@ class Service:
                     await http.stop()
                 if metrics is not None:
                     metrics.close()
+                if reserved is not None:
+                    reserved.close()
+                if self.hub is not None:
+                    shutil.rmtree(self.hub.path.parent, ignore_errors=True)
                 if self.decisions is not None:
                     await anyio.to_thread.run_sync(self.decisions.close)
                 self.runtime.close()
+
+    def _make_workers(self, decider) -> None:
+        """The hub (a Unix socket in a private folder) and the workers' supervisor."""
+        from epick.frontend import Hub, Workers
+        from epick.frontend.worker import WorkerSpec
+
+        folder = Path(tempfile.mkdtemp(prefix="epick-frontend-"))
+        address = self.config.ext_proc.listen
+        host, _ = _host_port(address)
+        host = f"[{host}]" if ":" in host else host
+        ext_proc = msgspec.structs.replace(self.config.ext_proc,
+                                           listen=f"{host}:{self.ext_proc_port}")
+        level = logging.getLogger().getEffectiveLevel()
+        self.workers = Workers(
+            self.config.server.workers,
+            lambda i: WorkerSpec(index=i, hub=str(folder / "hub.sock"), ext_proc=ext_proc,
+                                 openai=self.config.openai, log_level=level))
+        self.hub = Hub(decider, folder / "hub.sock", on_hello=self.workers.hello)
 
     def stop(self) -> None:
         if self._cancel is not None:
@@ -540,6 +600,8 @@ class Service:
         ext_proc = (EXT_PROC_SERVICE,) if self.config.ext_proc.listen else ()
         for name in ("", PICKER_SERVICE, *ext_proc, "readiness"):
             await self.health.set(name, status)
+        if self.hub is not None:
+            self.hub.set_health(serving)
         # Upstream's probe names: `liveness` is "the process answers", not "ready".
         await self.health.set("liveness", health_pb2.HealthCheckResponse.SERVING)
         log.info("health: %s", "SERVING" if serving else "NOT_SERVING")

@@ -42,7 +42,10 @@ The request is read with the ``[openai]`` settings (:mod:`epick.api.openai_reque
 decided by the one pick path every front end shares (:class:`epick.api.decide.Decider`:
 validation, scheduling, outcome label, telemetry); this module only speaks Envoy's side.
 Everything runs on the service's event-loop thread, like the Pick API: the decider is
-called synchronously from the stream's coroutine.
+called synchronously from the stream's coroutine. In a front-end worker process
+(``[server] workers`` > 1, :mod:`epick.frontend`) the same streams run there and the
+decider is a remote one (its ``decide_async`` hands the ``PickRequest`` to the service's
+process and awaits the verdict); only the messages that route await anything.
 """
 
 from __future__ import annotations
@@ -194,7 +197,9 @@ class _Stream:
 
     # -- dispatch -------------------------------------------------------------------
 
-    def handle(self, msg: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+    def handle(self, msg: ep.ProcessingRequest):
+        """The answers to ``msg``: a list, or (a message that routes) an awaitable of one.
+        Per-chunk messages never make a coroutine."""
         if msg.HasField("metadata_context"):
             self._read_metadata(msg.metadata_context)
         kind = msg.WhichOneof("request")
@@ -204,10 +209,7 @@ class _Stream:
             return self._request_body(msg.request_body)
         if kind == "request_trailers":
             if self.duplex and self.decision is None:  # the body ended with trailers
-                out = self._route(end=False)
-                if not self.ended:
-                    out.append(ep.ProcessingResponse(request_trailers=ep.TrailersResponse()))
-                return out
+                return self._route_trailers()
             return [ep.ProcessingResponse(request_trailers=ep.TrailersResponse())]
         if kind == "response_headers":
             return [self._response_headers(msg.response_headers)]
@@ -223,9 +225,15 @@ class _Stream:
         self.ended = True
         return [response]
 
+    async def _route_trailers(self) -> list[ep.ProcessingResponse]:
+        out = await self._route(end=False)
+        if not self.ended:
+            out.append(ep.ProcessingResponse(request_trailers=ep.TrailersResponse()))
+        return out
+
     # -- the request ------------------------------------------------------------------
 
-    def _request_headers(self, msg: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+    def _request_headers(self, msg: ep.ProcessingRequest):
         self.headers = _headers(msg.request_headers)
         self.started = time.perf_counter()
         mode = _Mode.BUFFERED
@@ -245,7 +253,7 @@ class _Stream:
             return []  # the answer waits for the body: the destination depends on it
         return [ep.ProcessingResponse(request_headers=ep.HeadersResponse())]
 
-    def _request_body(self, body: ep.HttpBody) -> list[ep.ProcessingResponse]:
+    def _request_body(self, body: ep.HttpBody):
         limit = self.svc.config.max_body_bytes
         self.size += len(body.body)
         if self.size > limit:
@@ -266,7 +274,7 @@ class _Stream:
             return []
         return self._route(end=True)
 
-    def _route(self, *, end: bool | None) -> list[ep.ProcessingResponse]:
+    async def _route(self, *, end: bool | None) -> list[ep.ProcessingResponse]:
         """Decide; ``end``: None = body-less, True = the body ended, False = trailers
         follow the body."""
         svc = self.svc
@@ -282,7 +290,7 @@ class _Stream:
         except Exception as exc:  # malformed (invalid), or a bug (error)
             parsed, verdict = None, svc.decider.refuse(exc, started=t0)
         else:
-            verdict = svc.decider.decide(parsed.pick, subset=self.subset, started=t0)
+            verdict = await svc.decide(parsed.pick, subset=self.subset, started=t0)
         decision = verdict.decision
         if decision is None:
             if verdict.outcome != "error":  # epick's decision: the same in both modes
@@ -394,7 +402,11 @@ class _Stream:
         usage = self.usage
         if usage is not None:
             usage.finish()
-        self.svc.scheduler.complete(
+        svc = self.svc
+        # Looked up per report (a test may wrap the scheduler's): remote deciders report
+        # to the service's process themselves.
+        complete = svc.decider.complete if svc.scheduler is None else svc.scheduler.complete
+        complete(
             decision_id=d.decision_id, endpoint=self.served or d.endpoint, status=status,
             prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None,
@@ -416,12 +428,22 @@ class _Stream:
             self._report(abi.CompletionStatus.OK)
 
 
+def _awaitable(decide):
+    """A synchronous ``decide`` as the streams call it (awaited; it never suspends)."""
+    async def decide_async(pick, *, subset, started):
+        return decide(pick, subset=subset, started=started)
+    return decide_async
+
+
 class ExtProcService(ep_grpc.ExternalProcessorServicer):
     """Serves ``Process`` streams through ``decider`` (the pick path every front end
     shares) on the event-loop thread, reading requests with the ``openai`` settings.
 
     ``on_complete(decision, status, usage)`` (optional) sees every reported completion
     (with the :class:`UsageReader`, or ``None`` when no body was read).
+
+    ``decider`` is the service's :class:`Decider` (called synchronously), or a remote one
+    (a front-end worker's: ``decide_async``, ``refuse`` and ``complete``).
     """
 
     def __init__(self, decider: Decider, config: ExtProcConfig, openai: OpenAIConfig, *,
@@ -429,7 +451,8 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         if not openai.base_model:
             raise ValueError("ExtProcService needs a base model (openai.base_model)")
         self.decider = decider
-        self.scheduler = decider.scheduler
+        self.scheduler = getattr(decider, "scheduler", None)
+        self.decide = getattr(decider, "decide_async", None) or _awaitable(decider.decide)
         self.config = config
         self.openai = openai
         self.on_complete = on_complete
@@ -439,7 +462,10 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         stream = _Stream(self)
         try:
             async for msg in request_iterator:
-                for response in stream.handle(msg):
+                out = stream.handle(msg)
+                if not isinstance(out, list):
+                    out = await out
+                for response in out:
                     yield response
                 if stream.ended:
                     return  # one immediate response, then the stream ends
@@ -448,12 +474,14 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
 
 
 def build_server(decider: Decider, config: ExtProcConfig, openai: OpenAIConfig, *,
-                 health=None, on_complete=None) -> tuple[grpc.aio.Server, int]:
+                 health=None, on_complete=None, reuse_port: bool = False
+                 ) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server (not started) serving ext_proc (and ``health``, if given) on
-    ``config.listen``; returns it and the bound port. Raises OSError if it cannot bind."""
+    ``config.listen``; returns it and the bound port. Raises OSError if it cannot bind.
+    ``reuse_port``: share the port with the other front-end workers (SO_REUSEPORT)."""
     # A ProcessingRequest carries the whole body in BUFFERED mode: allow Envoy's buffer
     # (4 MiB in the example) plus headers, above gRPC's 4 MiB default.
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+    server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port)),
                                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     ep_grpc.add_ExternalProcessorServicer_to_server(
         ExtProcService(decider, config, openai, on_complete=on_complete), server)
