@@ -140,11 +140,57 @@ def _immediate(error: OpenAIError) -> ep.ProcessingResponse:
     ))
 
 
-def _streamed(kind: str, chunk: bytes, eos: bool) -> ep.ProcessingResponse:
+def _streamed_message(kind: str, chunk: bytes, eos: bool) -> ep.ProcessingResponse:
+    """A body chunk streamed back, as a message (what :func:`_streamed` encodes)."""
     body = ep.BodyResponse(response=ep.CommonResponse(body_mutation=ep.BodyMutation(
         streamed_response=ep.StreamedBodyResponse(body=chunk, end_of_stream=eos))))
     return (ep.ProcessingResponse(request_body=body) if kind == "request"
             else ep.ProcessingResponse(response_body=body))
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _tag(message, field: str, wire_type: int = 2) -> bytes:
+    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
+
+
+#: The wrappers around a streamed chunk, outermost first (after the kind's own field):
+#: BodyResponse.response > CommonResponse.body_mutation > BodyMutation.streamed_response.
+_WRAPPERS = (_tag(ep.BodyResponse, "response"), _tag(ep.CommonResponse, "body_mutation"),
+             _tag(ep.BodyMutation, "streamed_response"))
+_KIND_TAG = {"request": _tag(ep.ProcessingResponse, "request_body"),
+             "response": _tag(ep.ProcessingResponse, "response_body")}
+_BODY_TAG = _tag(ep.StreamedBodyResponse, "body")
+_EOS = _tag(ep.StreamedBodyResponse, "end_of_stream", 0) + b"\x01"
+
+
+def _streamed(kind: str, chunk: bytes, eos: bool) -> bytes:
+    """A body chunk streamed back, encoded by hand: the bytes protobuf would write for
+    :func:`_streamed_message` (a test checks), without building five messages a chunk.
+    The server's serializer passes bytes through (:func:`_serialize`)."""
+    inner = [_BODY_TAG, _varint(len(chunk)), chunk] if chunk else []
+    if eos:
+        inner.append(_EOS)
+    size = sum(len(p) for p in inner)
+    heads = []
+    for tag in (*reversed(_WRAPPERS), _KIND_TAG[kind]):
+        head = tag + _varint(size)
+        heads.append(head)
+        size += len(head)
+    heads.reverse()
+    return b"".join(heads + inner)
+
+
+def _serialize(response) -> bytes:
+    """The Process responses' serializer: a message, or bytes already encoded."""
+    return response if response.__class__ is bytes else response.SerializeToString()
 
 
 def _subset(ctx: base_pb2.Metadata) -> list[str] | None:
@@ -203,6 +249,8 @@ class _Stream:
         if msg.HasField("metadata_context"):
             self._read_metadata(msg.metadata_context)
         kind = msg.WhichOneof("request")
+        if kind == "response_body":  # the most frequent by far (every answer chunk)
+            return [self._response_body(msg.response_body)]
         if kind == "request_headers":
             return self._request_headers(msg)
         if kind == "request_body":
@@ -213,8 +261,6 @@ class _Stream:
             return [ep.ProcessingResponse(request_trailers=ep.TrailersResponse())]
         if kind == "response_headers":
             return [self._response_headers(msg.response_headers)]
-        if kind == "response_body":
-            return [self._response_body(msg.response_body)]
         if kind == "response_trailers":
             self._response_end()
             return [ep.ProcessingResponse(response_trailers=ep.TrailersResponse())]
@@ -361,13 +407,17 @@ class _Stream:
         return ep.ProcessingResponse(response_headers=ep.HeadersResponse(
             response=ep.CommonResponse(header_mutation=mutation)))
 
-    def _response_body(self, body: ep.HttpBody) -> ep.ProcessingResponse:
+    def _response_body(self, body: ep.HttpBody):
+        # Per chunk: the body read out of the message once, usage/TTFT from it, and the
+        # chunk written back as bytes (no message built).
+        chunk = body.body
+        eos = body.end_of_stream
         if self.usage is not None:
-            self.usage.feed(body.body, time.perf_counter())
-        if body.end_of_stream:
+            self.usage.feed(chunk, time.perf_counter())
+        if eos:
             self._response_end()
         if self.response_mode == _DUPLEX:
-            return _streamed("response", body.body, body.end_of_stream)
+            return _streamed("response", chunk, eos)
         return ep.ProcessingResponse(response_body=ep.BodyResponse())
 
     def _response_end(self) -> None:
@@ -483,8 +533,12 @@ def build_server(decider: Decider, config: ExtProcConfig, openai: OpenAIConfig, 
     # (4 MiB in the example) plus headers, above gRPC's 4 MiB default.
     server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port)),
                                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-    ep_grpc.add_ExternalProcessorServicer_to_server(
-        ExtProcService(decider, config, openai, on_complete=on_complete), server)
+    # The generated registration, with a serializer that also takes pre-encoded bytes.
+    service = ExtProcService(decider, config, openai, on_complete=on_complete)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, {
+        "Process": grpc.stream_stream_rpc_method_handler(
+            service.Process, request_deserializer=ep.ProcessingRequest.FromString,
+            response_serializer=_serialize)}),))
     if health is not None:
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
     port = server.add_insecure_port(config.listen)

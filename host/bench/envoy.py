@@ -4,6 +4,7 @@ ext_proc body modes; and a load run of many concurrent streaming requests.
     epick bench envoy latency [--requests 2000] [--concurrency 1,8] [--workers 1]
     epick bench envoy load [--concurrent 500,1000] [--requests 2000] [--workers 1,2]
                            [--modes buffered,streamed]
+    epick bench envoy pick [--workers 1,2] [--requests 4000]
 
 Processes (all loopback): a replica (aiohttp, one process; answers at once, or streams
 SSE chunks), epick (``epick serve``, its own process: load, prefix-cache, lora-affinity),
@@ -22,7 +23,11 @@ reading a whole SSE answer; per concurrency, Envoy alone first, then per epick w
 count (``--workers``: ``[server] workers``, epick restarted for each) and body mode:
 errors by source (epick's JSON answers vs Envoy's own local replies, client-side errors,
 cut streams), throughput and its ratio to Envoy alone, p50/p99, and the load average
-when the run ended. Nothing is asserted; it reports.
+when the run ended. ``pick``: no Envoy: one epick per ``--workers`` value, all running at once, and one client
+thread sending unary gRPC Picks to each in turn in blocks of 200 (so noise hits all
+alike): p50/p99 per worker count and its ratio to the first (the Pick API stays in the
+service's process; this shows what the workers beside it cost the quiet case). Nothing is
+asserted; it reports.
 
 Envoy runs through the Envoy tests' own harness (tests/envoy/envoy_harness.py: the
 committed examples, ports rewritten), so this runs from a git checkout with ``make envoy``.
@@ -108,13 +113,17 @@ def wait_port(port: int, what: str, timeout_s: float = 60) -> None:
     sys.exit(f"{what} did not listen on port {port} within {timeout_s} s")
 
 
-def start_epick(replica: str, work: Path, workers: int = 1) -> tuple[subprocess.Popen, int]:
+def start_epick(replica: str, work: Path, workers: int = 1, *, pick_port: int = 0
+                ) -> tuple[subprocess.Popen, int]:
     ext_proc = free_port()
-    conf = work / "epick.toml"
-    lines = ["version = 1", "[server]", f'listen = "127.0.0.1:{free_port()}"',
+    conf = work / f"epick-{workers}.toml"
+    lines = ["version = 1", "[server]", f'listen = "127.0.0.1:{pick_port or free_port()}"',
              'metrics_listen = ""', f"workers = {workers}", "[admin]", 'listen = ""', "[runtime]",
              f'cache_dir = "{work / "cache"}"', "[ext_proc]",
              f'listen = "127.0.0.1:{ext_proc}"', 'base_model = "base"', "[pool]",
+             # One replica process serves every stream and its own /metrics: saturated,
+             # it answers scrapes late; this bench is about epick's front ends.
+             "stale_after_ms = 10000",
              "[[pool.endpoints]]", f'address = "{replica}"']
     for p in ("load", "prefix-cache", "lora-affinity"):
         lines += ["[[policies]]", f'name = "{p}"', f'module = "{p}"']
@@ -319,13 +328,68 @@ def run_load(args, replica: str, work: Path) -> dict:
     return report
 
 
+def run_pick(args, replica: str, work: Path) -> dict:
+    """Unary gRPC Pick p50/p99 at one client, per worker count (all epicks at once)."""
+    import grpc
+
+    from epick.api.gen.epick.v1 import picker_pb2, picker_pb2_grpc
+
+    procs, stubs, channels = {}, {}, []
+    try:
+        for w in args.workers:
+            port = free_port()
+            procs[w], _ext = start_epick(replica, work, w, pick_port=port)
+            channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+            channels.append(channel)
+            stubs[w] = picker_pb2_grpc.EndpointPickerStub(channel)
+        request = picker_pb2.PickRequest(model="base", prompt="You are a helpful assistant. "
+                                         * 30 + "Say hi.")
+        for w, stub in stubs.items():  # serving (policies loaded, a fresh scrape) + warm
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    stub.Pick(request, timeout=5)
+                    break
+                except grpc.RpcError:
+                    if time.monotonic() > deadline:
+                        sys.exit(f"epick (workers {w}) not picking after 60 s ({work})")
+                    time.sleep(0.2)
+            for _ in range(200):
+                stub.Pick(request, timeout=5)
+        lat: dict[int, list[float]] = {w: [] for w in stubs}
+        per = max(200, args.requests // len(stubs))
+        while min(len(x) for x in lat.values()) < per:
+            for w, stub in stubs.items():
+                for _ in range(200):
+                    t0 = time.perf_counter()
+                    stub.Pick(request, timeout=5)
+                    lat[w].append(time.perf_counter() - t0)
+    finally:
+        for c in channels:
+            c.close()
+        for p in procs.values():
+            p.terminate()
+            p.wait(15)
+    report = {"requests_each": per, "load_avg_1m": round(os.getloadavg()[0], 2), "runs": []}
+    first = None
+    print(f"{'workers':>7} {'picks':>6} {'p50 us':>8} {'p99 us':>8} {'p50 / first':>11}")
+    for w, xs in lat.items():
+        p50, p99 = (float(np.percentile(xs, q)) * 1e6 for q in (50, 99))
+        first = first or p50
+        report["runs"].append({"workers": w, "picks": len(xs), "p50_us": round(p50, 1),
+                               "p99_us": round(p99, 1), "p50_ratio": round(p50 / first, 3)})
+        print(f"{w:>7} {len(xs):>6} {p50:>8.1f} {p99:>8.1f} {p50 / first:>11.3f}")
+    print(f"# load average {report['load_avg_1m']}")
+    return report
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="epick bench envoy", description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["latency", "load"])
+    ap.add_argument("what", choices=["latency", "load", "pick"])
     ap.add_argument("--requests", type=int, default=None,
                     help="latency: per path and concurrency (2000); load: per run "
                          "(default twice the concurrency)")
@@ -348,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         args.chunks = 1 if args.what == "latency" else 20
     if args.what == "latency" and args.requests is None:
         args.requests = 2000
+    if args.what == "pick" and args.requests is None:
+        args.requests = 4000
     unknown = set(args.modes) - {"buffered", "streamed"}
     if unknown:
         ap.error(f"--modes: unknown {', '.join(sorted(unknown))} (buffered, streamed)")
@@ -365,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{os.getloadavg()[0]:.2f}", flush=True)
         if args.what == "load":
             report = run_load(args, f"127.0.0.1:{port}", work)
+        elif args.what == "pick":
+            report = run_pick(args, f"127.0.0.1:{port}", work)
         else:
             epick, ext_proc = start_epick(f"127.0.0.1:{port}", work, args.workers[0])
             started = envoys(ext_proc, f"127.0.0.1:{port}")
