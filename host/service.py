@@ -467,16 +467,23 @@ class Service:
                                       "[admin] listen")
 
         ext_proc = None
-        reserved: socket.socket | None = None
-        if self.config.ext_proc.listen and self.config.server.workers > 1:
-            def reserve(address: str) -> int:
-                nonlocal reserved
-                reserved = _reserve_port(address)
-                return reserved.getsockname()[1]
+        # [server] workers > 1: the front ends run in worker processes; this one holds
+        # their ports (SO_REUSEPORT, not listening) and decides for them.
+        reserved: list[socket.socket] = []
+        in_workers = self.config.server.workers > 1 and bool(
+            self.config.ext_proc.listen or self.config.http.listen)
 
-            self.ext_proc_port = _listen(reserve, self.config.ext_proc.listen,
-                                         "[ext_proc] listen")
-            self._make_workers(picker.decider)
+        def reserve(address: str) -> int:
+            reserved.append(_reserve_port(address))
+            return reserved[-1].getsockname()[1]
+
+        if in_workers:
+            if self.config.ext_proc.listen:
+                self.ext_proc_port = _listen(reserve, self.config.ext_proc.listen,
+                                             "[ext_proc] listen")
+            if self.config.http.listen:
+                self.http_port = _listen(reserve, self.config.http.listen, "[http] listen")
+            self._make_workers(picker)
         elif self.config.ext_proc.listen:
             from epick.api.ext_proc import build_server  # xds protos load only when used
 
@@ -491,7 +498,7 @@ class Service:
                                          "[ext_proc] listen")
 
         http = None
-        if self.config.http.listen:
+        if self.config.http.listen and not in_workers:
             from epick.api.http import HttpApi, HttpServer
 
             http = HttpServer(HttpApi(
@@ -560,31 +567,38 @@ class Service:
                     await http.stop()
                 if metrics is not None:
                     metrics.close()
-                if reserved is not None:
-                    reserved.close()
+                for sock in reserved:
+                    sock.close()
                 if self.hub is not None:
                     shutil.rmtree(self.hub.path.parent, ignore_errors=True)
                 if self.decisions is not None:
                     await anyio.to_thread.run_sync(self.decisions.close)
                 self.runtime.close()
 
-    def _make_workers(self, decider) -> None:
+    def _make_workers(self, picker: PickerService) -> None:
         """The hub (a Unix socket in a private folder) and the workers' supervisor."""
         from epick.frontend import Hub, Workers
         from epick.frontend.worker import WorkerSpec
 
+        def resolved(address: str, port: int) -> str:  # the reserved port, not :0
+            if not address:
+                return ""
+            host, _ = _host_port(address)
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
         folder = Path(tempfile.mkdtemp(prefix="epick-frontend-"))
-        address = self.config.ext_proc.listen
-        host, _ = _host_port(address)
-        host = f"[{host}]" if ":" in host else host
-        ext_proc = msgspec.structs.replace(self.config.ext_proc,
-                                           listen=f"{host}:{self.ext_proc_port}")
+        ext_proc = (msgspec.structs.replace(
+            self.config.ext_proc, listen=resolved(self.config.ext_proc.listen,
+                                                  self.ext_proc_port))
+            if self.config.ext_proc.listen else None)
+        http = resolved(self.config.http.listen, self.http_port)
         level = logging.getLogger().getEffectiveLevel()
         self.workers = Workers(
             self.config.server.workers,
             lambda i: WorkerSpec(index=i, hub=str(folder / "hub.sock"), ext_proc=ext_proc,
-                                 openai=self.config.openai, log_level=level))
-        self.hub = Hub(decider, folder / "hub.sock", on_hello=self.workers.hello)
+                                 openai=self.config.openai, log_level=level, http_listen=http,
+                                 http_max_body_bytes=self.config.http.max_body_bytes))
+        self.hub = Hub(picker, folder / "hub.sock", on_hello=self.workers.hello)
 
     def stop(self) -> None:
         if self._cancel is not None:

@@ -18,11 +18,14 @@ ext_proc's do. A body over ``[http] max_body_bytes`` is a 413, malformed JSON a 
 says what is wrong.
 
 The server is aiohttp on the service's event loop (chosen by measurement: docs/dataplanes.md),
-so a pick runs on the loop thread like every gRPC pick.
+so a pick runs on the loop thread like every gRPC pick. With ``[server] workers`` > 1 it
+runs in each front-end worker instead (SO_REUSEPORT), over a remote picker that asks the
+service's process (epick.frontend).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import socket
@@ -88,8 +91,15 @@ def _message_json(msg) -> str:
     return json_format.MessageToJson(msg, indent=None)
 
 
+async def _result(answer):
+    """An answer from :class:`PickerService` (a value) or from a front-end worker's remote
+    picker (awaited: the decision is made in the service's process)."""
+    return await answer if inspect.isawaitable(answer) else answer
+
+
 class HttpApi:
-    """The handlers, over a :class:`PickerService` (the same one gRPC serves)."""
+    """The handlers, over a :class:`PickerService` (the same one gRPC serves), or in a
+    front-end worker (``[server] workers``) a remote picker with the same answers."""
 
     def __init__(self, picker: PickerService, *, healthy: Callable[[], bool],
                  openai: OpenAIConfig, max_body_bytes: int) -> None:
@@ -135,7 +145,7 @@ class HttpApi:
         msg = await self._parse(request, picker_pb2.PickRequest())
         if isinstance(msg, web.Response):
             return msg
-        response, error = self.picker.answer_pick(msg)
+        response, error = await _result(self.picker.answer_pick(msg))
         if error is not None:
             return _error(*error)
         return _json(_message_json(response))
@@ -144,7 +154,7 @@ class HttpApi:
         msg = await self._parse(request, picker_pb2.CompletionReport())
         if isinstance(msg, web.Response):
             return msg
-        response, error = self.picker.answer_completion(msg)
+        response, error = await _result(self.picker.answer_completion(msg))
         if error is not None:
             return _error(*error)
         return _json(_message_json(response))
@@ -167,7 +177,7 @@ class HttpApi:
             verdict = self.picker.decider.refuse(InvalidArgument(f"malformed request: {exc}"),
                                                  started=t0)
             return _error(REFUSALS[verdict.outcome].grpc, verdict.message)
-        response, error = self.picker.answer_pick(parsed.pick)
+        response, error = await _result(self.picker.answer_pick(parsed.pick))
         if error is not None:
             return _error(*error)
         fallbacks = list(response.fallbacks)
@@ -207,8 +217,10 @@ class HttpServer:
     """The aiohttp server of one :class:`HttpApi`: ``bind`` (sync, so the service reports a
     busy port like its gRPC ones), then ``await start()``; ``await stop()`` at shutdown."""
 
-    def __init__(self, api: HttpApi) -> None:
+    def __init__(self, api: HttpApi, *, reuse_port: bool = False) -> None:
         self.api = api
+        self.reuse_port = reuse_port
+        """Share the port with the other front-end workers (SO_REUSEPORT)."""
         self._sock: socket.socket | None = None
         self._runner: web.AppRunner | None = None
 
@@ -218,6 +230,8 @@ class HttpServer:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind((host, int(port)))
             sock.listen(1024)

@@ -23,6 +23,7 @@ import anyio
 from epick import abi
 from epick.api.decide import Decider, Verdict
 from epick.api.gen.epick.v1 import picker_pb2
+from epick.api.picker import PickerService, to_response
 from epick.frontend import wire
 
 __all__ = ["Hub"]
@@ -62,6 +63,8 @@ class _Connection(asyncio.Protocol):
                 hub.complete(msg)
             elif type(msg) is wire.Refused:
                 hub.refused(msg)
+            elif type(msg) is wire.Report:
+                self.send(hub.report(msg))
             else:
                 self.worker = msg.worker
                 self.send(wire.Health(hub.serving))
@@ -80,20 +83,21 @@ class _Connection(asyncio.Protocol):
         else:
             verdict = self.hub.decider.decide(pick, subset=subset, started=started)
         if inspect.isawaitable(verdict):  # a decider that may wait (flow control)
-            asyncio.ensure_future(self._answer_later(msg.id, verdict))
+            asyncio.ensure_future(self._answer_later(msg.id, verdict, msg.full))
         else:
-            self._answer(msg.id, verdict)
+            self._answer(msg.id, verdict, msg.full)
 
-    async def _answer_later(self, id_: int, verdict) -> None:
-        self._answer(id_, await verdict)
+    async def _answer_later(self, id_: int, verdict, full: bool) -> None:
+        self._answer(id_, await verdict, full)
 
-    def _answer(self, id_: int, verdict: Verdict) -> None:
+    def _answer(self, id_: int, verdict: Verdict, full: bool = False) -> None:
         d = verdict.decision
         if d is None:
             self.send(wire.Answer(id_, verdict.outcome, verdict.message))
         else:
+            response = to_response(d).SerializeToString() if full else b""
             self.send(wire.Answer(id_, verdict.outcome, "", d.endpoint, list(d.fallbacks),
-                                  d.decision_id))
+                                  d.decision_id, response))
 
     def send(self, msg) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -107,13 +111,14 @@ class Hub:
     tells every worker the service's health (a worker connecting later is told at once).
     """
 
-    def __init__(self, decider: Decider, path: Path, *,
+    def __init__(self, picker: PickerService, path: Path, *,
                  on_hello: Callable[[int, int], None] = lambda _w, _p: None,
                  clock: Callable[[], float] | None = None) -> None:
         import time
 
-        self.decider = decider
-        self.scheduler = decider.scheduler
+        self.picker = picker
+        self.decider: Decider = picker.decider
+        self.scheduler = picker.scheduler
         self.path = path
         self.on_hello = on_hello
         self.clock = clock or time.perf_counter
@@ -154,6 +159,17 @@ class Hub:
                 completion_tokens=msg.completion_tokens, ttft_s=msg.ttft_s)
         except Exception:  # a bug, as in PickerService.answer_completion
             log.exception("a front-end worker's completion report failed")
+
+    def report(self, msg: wire.Report) -> wire.Ack:
+        """A completion report answered as gRPC ReportCompletion answers it."""
+        try:
+            report = picker_pb2.CompletionReport.FromString(msg.report)
+        except Exception as exc:  # noqa: BLE001 (a worker bug: said, not raised)
+            return wire.Ack(msg.id, False, "INTERNAL", f"undecodable report: {exc!r}")
+        response, error = self.picker.answer_completion(report)
+        if error is not None:
+            return wire.Ack(msg.id, False, error[0].name, error[1])
+        return wire.Ack(msg.id, response.known)
 
     def refused(self, msg: wire.Refused) -> None:
         telemetry = self.decider.telemetry

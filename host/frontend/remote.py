@@ -18,7 +18,7 @@ from epick.api.decide import Verdict, outcome_of
 from epick.api.gen.epick.v1 import picker_pb2
 from epick.frontend import wire
 
-__all__ = ["RemoteDecider", "RemoteDecision"]
+__all__ = ["RemoteDecider", "RemoteDecision", "RemotePicker"]
 
 log = logging.getLogger("epick.frontend")
 
@@ -71,11 +71,17 @@ class RemoteDecider(asyncio.Protocol):
                 fut = self._pending.pop(msg.id, None)
                 if fut is None or fut.done():  # the stream went away meanwhile
                     continue
-                if msg.decision_id:
+                if msg.response:
+                    fut.set_result(msg)  # a full answer: RemotePicker reads it
+                elif msg.decision_id:
                     fut.set_result(Verdict(RemoteDecision(msg.endpoint, msg.fallbacks,
                                                           msg.decision_id), msg.outcome))
                 else:
                     fut.set_result(Verdict(None, msg.outcome, msg.message))
+            elif type(msg) is wire.Ack:
+                fut = self._pending.pop(msg.id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
             else:
                 self.on_health(msg.serving)
 
@@ -86,16 +92,28 @@ class RemoteDecider(asyncio.Protocol):
 
     async def decide_async(self, pick: picker_pb2.PickRequest, *,
                            subset: Collection[str] | None = None,
-                           started: float | None = None) -> Verdict:
+                           started: float | None = None, full: bool = False):
+        """The verdict (``full``: the hub's whole :class:`~epick.frontend.wire.Answer`
+        when it decided, with the serialized ``PickResponse``)."""
         if self._transport is None:
             return Verdict(None, "error", "epick's decision process is gone")
         elapsed = 0.0 if started is None else time.perf_counter() - started
+        return await self._ask(lambda id_: wire.Pick(
+            id_, pick.SerializeToString(), None if subset is None else list(subset), elapsed,
+            full))
+
+    async def report(self, report: picker_pb2.CompletionReport):
+        """A ReportCompletion's :class:`~epick.frontend.wire.Ack` (or a lost Verdict)."""
+        if self._transport is None:
+            return Verdict(None, "error", "epick's decision process is gone")
+        return await self._ask(lambda id_: wire.Report(id_, report.SerializeToString()))
+
+    async def _ask(self, message):
         self._next += 1
         id_ = self._next
         fut = asyncio.get_running_loop().create_future()
         self._pending[id_] = fut
-        self._send(wire.Pick(id_, pick.SerializeToString(),
-                             None if subset is None else list(subset), elapsed))
+        self._send(message(id_))
         try:
             return await fut
         finally:
@@ -124,3 +142,32 @@ class RemoteDecider(asyncio.Protocol):
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+
+class RemotePicker:
+    """:class:`~epick.api.picker.PickerService`'s answers, asked of the service's process:
+    what the HTTP front end (:class:`epick.api.http.HttpApi`) calls in a worker."""
+
+    def __init__(self, decider: RemoteDecider) -> None:
+        self.decider = decider
+
+    async def answer_pick(self, msg: picker_pb2.PickRequest):
+        import grpc
+
+        from epick.api.decide import REFUSALS
+
+        answer = await self.decider.decide_async(msg, started=time.perf_counter(), full=True)
+        if isinstance(answer, Verdict):  # refused, or the service's process is gone
+            return None, (REFUSALS[answer.outcome].grpc if answer.outcome in REFUSALS
+                          else grpc.StatusCode.INTERNAL, answer.message)
+        return picker_pb2.PickResponse.FromString(answer.response), None
+
+    async def answer_completion(self, msg: picker_pb2.CompletionReport):
+        import grpc
+
+        ack = await self.decider.report(msg)
+        if isinstance(ack, Verdict):
+            return None, (grpc.StatusCode.UNAVAILABLE, ack.message)
+        if ack.code:
+            return None, (grpc.StatusCode[ack.code], ack.message)
+        return picker_pb2.CompletionAck(known=ack.known), None

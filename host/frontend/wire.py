@@ -10,8 +10,8 @@ import struct
 
 import msgspec
 
-__all__ = ["Hello", "Pick", "Refused", "Complete", "Answer", "Health", "ToHub", "ToWorker",
-           "frame", "Frames"]
+__all__ = ["Hello", "Pick", "Refused", "Complete", "Report", "Answer", "Health", "Ack",
+           "ToHub", "ToWorker", "frame", "Frames"]
 
 _LEN = struct.Struct("<I")
 #: Largest frame accepted (a PickRequest carries the prompt: the Pick API's own cap).
@@ -34,6 +34,9 @@ class Pick(msgspec.Struct, tag=1, array_like=True):
     elapsed_s: float
     """Time the worker already spent on the request (its parsing): part of the pick's
     recorded latency, as in the single process."""
+    full: bool = False
+    """Answer with the whole ``PickResponse`` (``Answer.response``: the HTTP front end's
+    ``/v1/pick``, which may ask for an explanation); ext_proc needs only the endpoints."""
 
 
 class Refused(msgspec.Struct, tag=2, array_like=True):
@@ -63,6 +66,8 @@ class Answer(msgspec.Struct, tag=4, array_like=True):
     endpoint: str = ""
     fallbacks: list[str] = []
     decision_id: str = ""
+    response: bytes = b""
+    """The serialized ``PickResponse`` when the Pick asked for it (``full``)."""
 
 
 class Health(msgspec.Struct, tag=5, array_like=True):
@@ -71,8 +76,26 @@ class Health(msgspec.Struct, tag=5, array_like=True):
     serving: bool
 
 
-ToHub = Hello | Pick | Refused | Complete
-ToWorker = Answer | Health
+class Report(msgspec.Struct, tag=6, array_like=True):
+    """worker -> hub: a serialized ``CompletionReport`` (HTTP ``/v1/completion``), answered
+    by an Ack as gRPC ReportCompletion would be."""
+
+    id: int
+    report: bytes
+
+
+class Ack(msgspec.Struct, tag=7, array_like=True):
+    """hub -> worker: the answer to Report ``id``: ``known``, or the error's gRPC code
+    name and message."""
+
+    id: int
+    known: bool
+    code: str = ""
+    message: str = ""
+
+
+ToHub = Hello | Pick | Refused | Complete | Report
+ToWorker = Answer | Health | Ack
 
 _encoder = msgspec.msgpack.Encoder()
 

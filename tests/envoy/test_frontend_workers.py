@@ -163,3 +163,43 @@ def test_a_worker_refusal_is_said_and_counted_by_the_service(epick, replicas):
     _wait(lambda: telemetry.PICKS.labels("invalid")._value.get() == before + 1,
           timeout_s=5, what="the refusal to be counted")
     assert DUPLEX  # (the helpers' mode constant: streamed requests above)
+
+
+def test_the_http_front_end_in_workers_answers_as_the_service_does(tmp_path, fake_vllm):
+    """/v1/pick (with an explanation), /v1/completion, /v1/route and /health from two
+    worker processes. (tests/api/test_http.py passes whole with ``workers = 2`` too: it
+    was run that way once; it is not parametrized, to keep the suite's time.)"""
+    import httpx
+    from epick_service import make_config as service_config
+
+    from epick.api.gen.epick.v1 import picker_pb2 as pb
+
+    idle = fake_vllm(vllm_page(waiting=0, model="m"))
+    base = service_config([idle.address], policies=("load",), tmp=tmp_path)
+    config = msgspec.structs.replace(
+        base, http=cfg.HttpConfig(listen="127.0.0.1:0"),
+        openai=cfg.OpenAIConfig(base_model="m"),
+        server=msgspec.structs.replace(base.server, workers=2))
+    with running(config) as svc, httpx.Client(
+            base_url=f"http://127.0.0.1:{svc.service.http_port}", timeout=10) as client:
+        assert sorted(svc.service.workers.pids) == [0, 1]
+        _wait(lambda: client.get("/health").status_code == 200, what="/health")
+        doc = client.post("/v1/pick", json={"model": "m", "prompt": "hi", "seed": "7",
+                                            "explain": True}).json()
+        grpc_answer = svc.picker.Pick(pb.PickRequest(model="m", prompt="hi", seed=7),
+                                      timeout=5)
+        assert doc["endpoint"] == grpc_answer.endpoint == idle.address
+        assert doc["explanation"]["candidates"][0]["endpoint"] == idle.address
+        ack = client.post("/v1/completion", json={"decisionId": doc["decisionId"],
+                                                  "status": "OK"})
+        assert ack.status_code == 200 and ack.json() == {"known": True}, ack.text
+        again = client.post("/v1/completion", json={"decisionId": doc["decisionId"],
+                                                    "status": "OK"})
+        assert again.json() == {}  # known: false (already reported), as gRPC answers
+        routed = client.post("/v1/route", json={"model": "m", "prompt": "hello"})
+        assert routed.status_code == 200 and routed.json()["endpoint"] == idle.address
+        bad = client.post("/v1/route", content=b"{not json")
+        assert bad.status_code == 400 and bad.json()["code"] == "INVALID_ARGUMENT"
+        refused = client.post("/v1/pick", json={"prompt": "no model"})
+        assert refused.status_code == 400
+        assert refused.json()["message"] == "PickRequest.model is required"
