@@ -285,6 +285,25 @@ def _load_row(workers: str, name: str, conc: int, row: dict, base: float | None)
             f"{row['load_avg_1m']:>5}")
 
 
+#: Envoy's counters that say why ext_proc failed a request (docs: ext_proc filter stats).
+EXT_PROC_STATS = ("streams_started", "streams_failed", "stream_msgs_sent", "message_timeouts",
+                  "failure_mode_allowed", "clear_route_cache_upstream_ignored")
+
+
+def _ext_proc_stats(envoy) -> dict[str, int]:
+    stats = envoy.stats("http.inference.ext_proc.")
+    out = {k.rsplit(".", 1)[1]: v for k, v in stats.items()
+           if k.rsplit(".", 1)[1] in EXT_PROC_STATS and k.startswith("http.inference.ext_proc.")}
+    cluster = envoy.stats("cluster.epick_ext_proc.upstream_")
+    for key in ("upstream_cx_connect_timeout", "upstream_rq_pending_overflow",
+                "upstream_cx_destroy_remote_with_active_rq", "upstream_rq_timeout",
+                "upstream_cx_total", "upstream_rq_rx_reset", "upstream_rq_tx_reset"):
+        value = cluster.get(f"cluster.epick_ext_proc.{key}")
+        if value is not None:
+            out[f"ext_proc_cluster.{key}"] = value
+    return out
+
+
 def run_load(args, replica: str, work: Path) -> dict:
     """Per worker count: epick and the mode Envoys started; per concurrency: Envoy alone,
     then each mode, back to back (so each ratio compares runs seconds apart)."""
@@ -310,7 +329,12 @@ def run_load(args, replica: str, work: Path) -> dict:
                                            "concurrent": conc, **base})
                     print(_load_row("-", "envoy", conc, base, None), flush=True)
                     for name, url in urls.items():
+                        before = _ext_proc_stats(started[name])
                         row = asyncio.run(load_one(url, conc, requests))
+                        after = _ext_proc_stats(started[name])
+                        # Why Envoy's own errors happened (its ext_proc filter's counters).
+                        row["envoy_ext_proc"] = {k: after[k] - before.get(k, 0)
+                                                 for k in after if after[k] != before.get(k, 0)}
                         row["x_envoy"] = round(row["req_per_s"] / base["req_per_s"], 3)
                         report["runs"].append({"workers": workers, "path": name,
                                                "concurrent": conc, **row})
@@ -318,6 +342,8 @@ def run_load(args, replica: str, work: Path) -> dict:
                               flush=True)
                         for what, n in sorted(row["errors"].items(), key=lambda kv: -kv[1])[:3]:
                             print(f"{'':>17} {n} x {what}")
+                        if sum(row["errors_by_source"].values()):
+                            print(f"{'':>17} Envoy's ext_proc counters: {row['envoy_ext_proc']}")
             finally:
                 for e in started.values():
                     e.stop()
