@@ -6,8 +6,8 @@
       ├─ Pool.run                 scrape loops (started: after the first scrape round)
       ├─ grpc.aio servers         Pick API + health + reflection; Admin on its own port
       ├─ aiohttp server           [http]: the HTTP/JSON front end (epick.api.http)
-      ├─ Hub + Workers            [server] workers > 1: ext_proc in N worker processes
-      │                           (SO_REUSEPORT), deciding here over a Unix socket
+      ├─ Hub + Workers            [server] workers > 1: ext_proc and [http] in N worker
+      │                           processes (SO_REUSEPORT), deciding here over a Unix socket
       ├─ _health_loop             SERVING once an endpoint is fresh and policies are loaded
       ├─ _checkpoint_loop         policies' last good state, once a second, between picks
       ├─ _watch_config            file changes and SIGHUP -> reload (a bad file is refused)
@@ -303,7 +303,7 @@ class Service:
             self.decisions.attach(self.scheduler)
         self._cancel: anyio.CancelScope | None = None
         self.hub = None
-        """The front-end workers' hub (``[server] workers`` > 1 with ext_proc on)."""
+        """The front-end workers' hub (``[server] workers`` > 1, ext_proc or HTTP on)."""
         self.workers = None
         """Their supervisor: ``workers.pids`` (index -> pid), ``workers.restarts``."""
         self._watchers_stop: anyio.Event | None = None

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import anyio
 import msgspec
 
-__all__ = ["Workers"]
+__all__ = ["Workers", "WorkersDidNotStart"]
 
 log = logging.getLogger("epick.frontend")
 
@@ -24,6 +24,10 @@ log = logging.getLogger("epick.frontend")
 RESTART_BACKOFF_S = (0.1, 5.0)
 #: A worker that ran this long before it died is restarted at once (backoff reset).
 HEALTHY_RUN_S = 10.0
+
+
+class WorkersDidNotStart(RuntimeError):
+    """Not every worker said hello within the start timeout: names which."""
 
 
 class Workers:
@@ -54,9 +58,16 @@ class Workers:
         async with anyio.create_task_group() as tg:
             for i in range(self.count):
                 tg.start_soon(self._keep, i)
-            with anyio.fail_after(self.start_timeout_s):
+            with anyio.move_on_after(self.start_timeout_s):
                 for event in self._ready:
                     await event.wait()
+            late = [i for i, event in enumerate(self._ready) if not event.is_set()]
+            if late:
+                raise WorkersDidNotStart(
+                    f"front-end worker{'s' if len(late) > 1 else ''} "
+                    f"{', '.join(map(str, late))} did not start within "
+                    f"{self.start_timeout_s:.0f} s ([server] workers = {self.count}; their own "
+                    f"log lines above say why, e.g. a port they cannot bind)")
             log.info("%d front-end workers serving (pids %s)", self.count,
                      ", ".join(str(self.pids[i]) for i in sorted(self.pids)))
             task_status.started()
