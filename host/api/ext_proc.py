@@ -50,6 +50,7 @@ process and awaits the verdict); only the messages that route await anything.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -479,9 +480,11 @@ class _Stream:
 
 
 def _awaitable(decide):
-    """A synchronous ``decide`` as the streams call it (awaited; it never suspends)."""
+    """The service's ``decide`` as the streams call it (awaited): a verdict, or an
+    awaitable of one from a decider that may wait (flow control)."""
     async def decide_async(pick, *, subset, started):
-        return decide(pick, subset=subset, started=started)
+        verdict = decide(pick, subset=subset, started=started)
+        return await verdict if inspect.isawaitable(verdict) else verdict
     return decide_async
 
 
