@@ -99,6 +99,13 @@ class ServerConfig(_Table):
     loop_stall_warn_ms: Annotated[float, Meta(ge=0)] = 100.0
     """Log a warning naming what ran when the event loop is held longer than this (the
     lag itself is always measured: ``epick_event_loop_lag_seconds``); 0 = no warning."""
+    workers: Annotated[int, Meta(ge=1, le=64)] = 1
+    """Front-end worker processes for ``[ext_proc]`` and ``[http]`` (docs/performance.md).
+    1: they are served by the service's own process, as the Pick API is. N > 1: N
+    processes share their ports (SO_REUSEPORT) and do the per-request and per-chunk work;
+    each hands only the decision to this process over a local socket, so policy state,
+    in-flight counts and the decision log stay one whole. The gRPC Pick API stays here.
+    Restarted when they die, stopped with the service."""
 
 
 class PoolConfig(_Table):

@@ -6,6 +6,8 @@
       ├─ Pool.run                 scrape loops (started: after the first scrape round)
       ├─ grpc.aio servers         Pick API + health + reflection; Admin on its own port
       ├─ aiohttp server           [http]: the HTTP/JSON front end (epick.api.http)
+      ├─ Hub + Workers            [server] workers > 1: ext_proc and [http] in N worker
+      │                           processes (SO_REUSEPORT), deciding here over a Unix socket
       ├─ _health_loop             SERVING once an endpoint is fresh and policies are loaded
       ├─ _checkpoint_loop         policies' last good state, once a second, between picks
       ├─ _watch_config            file changes and SIGHUP -> reload (a bad file is refused)
@@ -30,8 +32,10 @@ import errno
 import functools
 import hashlib
 import logging
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 from pathlib import Path
 
@@ -112,6 +116,23 @@ def _listen(bind, address: str, key: str) -> int:
         raise ListenError(f"cannot listen on {address} ({key}): {why}; "
                           f"free it or set another address") from None
     return port
+
+
+def _reserve_port(address: str) -> socket.socket:
+    """A socket bound (not listening) to ``address`` with SO_REUSEPORT: it holds the port
+    (``:0`` becomes a concrete one) for the front-end workers, which bind it the same way
+    and listen. Only listening sockets get connections, so this one never does."""
+    host, port = _host_port(address)
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+    sock = socket.socket(infos[0][0], socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(infos[0][4])
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class TelemetryRecorder:
@@ -304,6 +325,10 @@ class Service:
         self._cancel: anyio.CancelScope | None = None
         #: The pick path's :class:`~epick.api.decide.Decider` once serving (flow control).
         self._decider: Decider | None = None
+        self.hub = None
+        """The front-end workers' hub (``[server] workers`` > 1, ext_proc or HTTP on)."""
+        self.workers = None
+        """Their supervisor: ``workers.pids`` (index -> pid), ``workers.restarts``."""
         self._watchers_stop: anyio.Event | None = None
         self._serving: bool | None = None
         self._applied_policies: dict[str, tuple] = {}
@@ -478,7 +503,24 @@ class Service:
                                       "[admin] listen")
 
         ext_proc = None
-        if self.config.ext_proc.listen:
+        # [server] workers > 1: the front ends run in worker processes; this one holds
+        # their ports (SO_REUSEPORT, not listening) and decides for them.
+        reserved: list[socket.socket] = []
+        in_workers = self.config.server.workers > 1 and bool(
+            self.config.ext_proc.listen or self.config.http.listen)
+
+        def reserve(address: str) -> int:
+            reserved.append(_reserve_port(address))
+            return reserved[-1].getsockname()[1]
+
+        if in_workers:
+            if self.config.ext_proc.listen:
+                self.ext_proc_port = _listen(reserve, self.config.ext_proc.listen,
+                                             "[ext_proc] listen")
+            if self.config.http.listen:
+                self.http_port = _listen(reserve, self.config.http.listen, "[http] listen")
+            self._make_workers(picker)
+        elif self.config.ext_proc.listen:
             from epick.api.ext_proc import build_server  # xds protos load only when used
 
             def bind_ext_proc(_address: str) -> int:
@@ -492,7 +534,7 @@ class Service:
                                          "[ext_proc] listen")
 
         http = None
-        if self.config.http.listen:
+        if self.config.http.listen and not in_workers:
             from epick.api.http import HttpApi, HttpServer
 
             http = HttpServer(HttpApi(
@@ -527,6 +569,9 @@ class Service:
                     await admin.start()
                 if ext_proc is not None:
                     await ext_proc.start()
+                if self.workers is not None:
+                    await tg.start(self.hub.run)
+                    await tg.start(self.workers.run)
                 await tg.start(self.weights.run)
                 await tg.start(picker.decider.run)
                 if http is not None:
@@ -559,11 +604,40 @@ class Service:
                     await http.stop()
                 if metrics is not None:
                     metrics.close()
+                for sock in reserved:
+                    sock.close()
+                if self.hub is not None:
+                    shutil.rmtree(self.hub.path.parent, ignore_errors=True)
                 if self.decisions is not None:
                     await anyio.to_thread.run_sync(self.decisions.close)
                 if self.tracer is not None:  # flushes what is queued, stops its thread
                     await anyio.to_thread.run_sync(self.tracer.shutdown)
                 self.runtime.close()
+
+    def _make_workers(self, picker: PickerService) -> None:
+        """The hub (a Unix socket in a private folder) and the workers' supervisor."""
+        from epick.frontend import Hub, Workers
+        from epick.frontend.worker import WorkerSpec
+
+        def resolved(address: str, port: int) -> str:  # the reserved port, not :0
+            if not address:
+                return ""
+            host, _ = _host_port(address)
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+        folder = Path(tempfile.mkdtemp(prefix="epick-frontend-"))
+        ext_proc = (msgspec.structs.replace(
+            self.config.ext_proc, listen=resolved(self.config.ext_proc.listen,
+                                                  self.ext_proc_port))
+            if self.config.ext_proc.listen else None)
+        http = resolved(self.config.http.listen, self.http_port)
+        level = logging.getLogger().getEffectiveLevel()
+        self.workers = Workers(
+            self.config.server.workers,
+            lambda i: WorkerSpec(index=i, hub=str(folder / "hub.sock"), ext_proc=ext_proc,
+                                 openai=self.config.openai, log_level=level, http_listen=http,
+                                 http_max_body_bytes=self.config.http.max_body_bytes))
+        self.hub = Hub(picker, folder / "hub.sock", on_hello=self.workers.hello)
 
     def stop(self) -> None:
         if self._cancel is not None:
@@ -579,6 +653,8 @@ class Service:
         ext_proc = (EXT_PROC_SERVICE,) if self.config.ext_proc.listen else ()
         for name in ("", PICKER_SERVICE, *ext_proc, "readiness"):
             await self.health.set(name, status)
+        if self.hub is not None:
+            self.hub.set_health(serving)
         # Upstream's probe names: `liveness` is "the process answers", not "ready".
         await self.health.set("liveness", health_pb2.HealthCheckResponse.SERVING)
         log.info("health: %s", "SERVING" if serving else "NOT_SERVING")

@@ -51,11 +51,15 @@ The request is read with the ``[openai]`` settings (:mod:`epick.api.openai_reque
 decided by the one pick path every front end shares (:class:`epick.api.decide.Decider`:
 validation, scheduling, outcome label, telemetry); this module only speaks Envoy's side.
 Everything runs on the service's event-loop thread, like the Pick API: the decider is
-called synchronously from the stream's coroutine.
+called synchronously from the stream's coroutine. In a front-end worker process
+(``[server] workers`` > 1, :mod:`epick.frontend`) the same streams run there and the
+decider is a remote one (its ``decide_async`` hands the ``PickRequest`` to the service's
+process and awaits the verdict); only the messages that route await anything.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -154,11 +158,57 @@ def _immediate(error: OpenAIError) -> ep.ProcessingResponse:
     ))
 
 
-def _streamed(kind: str, chunk: bytes, eos: bool) -> ep.ProcessingResponse:
+def _streamed_message(kind: str, chunk: bytes, eos: bool) -> ep.ProcessingResponse:
+    """A body chunk streamed back, as a message (what :func:`_streamed` encodes)."""
     body = ep.BodyResponse(response=ep.CommonResponse(body_mutation=ep.BodyMutation(
         streamed_response=ep.StreamedBodyResponse(body=chunk, end_of_stream=eos))))
     return (ep.ProcessingResponse(request_body=body) if kind == "request"
             else ep.ProcessingResponse(response_body=body))
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _tag(message, field: str, wire_type: int = 2) -> bytes:
+    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
+
+
+#: The wrappers around a streamed chunk, outermost first (after the kind's own field):
+#: BodyResponse.response > CommonResponse.body_mutation > BodyMutation.streamed_response.
+_WRAPPERS = (_tag(ep.BodyResponse, "response"), _tag(ep.CommonResponse, "body_mutation"),
+             _tag(ep.BodyMutation, "streamed_response"))
+_KIND_TAG = {"request": _tag(ep.ProcessingResponse, "request_body"),
+             "response": _tag(ep.ProcessingResponse, "response_body")}
+_BODY_TAG = _tag(ep.StreamedBodyResponse, "body")
+_EOS = _tag(ep.StreamedBodyResponse, "end_of_stream", 0) + b"\x01"
+
+
+def _streamed(kind: str, chunk: bytes, eos: bool) -> bytes:
+    """A body chunk streamed back, encoded by hand: the bytes protobuf would write for
+    :func:`_streamed_message` (a test checks), without building five messages a chunk.
+    The server's serializer passes bytes through (:func:`_serialize`)."""
+    inner = [_BODY_TAG, _varint(len(chunk)), chunk] if chunk else []
+    if eos:
+        inner.append(_EOS)
+    size = sum(len(p) for p in inner)
+    heads = []
+    for tag in (*reversed(_WRAPPERS), _KIND_TAG[kind]):
+        head = tag + _varint(size)
+        heads.append(head)
+        size += len(head)
+    heads.reverse()
+    return b"".join(heads + inner)
+
+
+def _serialize(response) -> bytes:
+    """The Process responses' serializer: a message, or bytes already encoded."""
+    return response if response.__class__ is bytes else response.SerializeToString()
 
 
 def _subset(ctx: base_pb2.Metadata) -> list[str] | None:
@@ -225,46 +275,43 @@ class _Stream:
 
     # -- dispatch -------------------------------------------------------------------
 
-    def handle(self, msg: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+    def handle(self, msg: ep.ProcessingRequest):
+        """The answers to ``msg``: a list, or (a message that routes) an awaitable of one.
+        Per-chunk messages never make a coroutine."""
         if msg.HasField("metadata_context"):
             self._read_metadata(msg.metadata_context)
         kind = msg.WhichOneof("request")
+        if kind == "response_body":  # the most frequent by far (every answer chunk)
+            return [self._response_body(msg.response_body)]
         if kind == "request_headers":
             return self._request_headers(msg)
         if kind == "request_body":
             return self._request_body(msg.request_body)
         if kind == "request_trailers":
             if self.duplex and self.decision is None:  # the body ended with trailers
-                out = self._route(end=False)
-                if not isinstance(out, list):
-                    return self._then_trailers(out)
-                if not self.ended:
-                    out.append(ep.ProcessingResponse(request_trailers=ep.TrailersResponse()))
-                return out
+                return self._route_trailers()
             return [ep.ProcessingResponse(request_trailers=ep.TrailersResponse())]
         if kind == "response_headers":
             return [self._response_headers(msg.response_headers)]
-        if kind == "response_body":
-            return [self._response_body(msg.response_body)]
         if kind == "response_trailers":
             self._response_end()
             return [ep.ProcessingResponse(response_trailers=ep.TrailersResponse())]
         return self._end(immediate(500, f"epick ext_proc: unexpected message {kind!r}",
                                    "server_error"))
 
-    async def _then_trailers(self, pending) -> list[ep.ProcessingResponse]:
-        out = await pending
-        if not self.ended:
-            out.append(ep.ProcessingResponse(request_trailers=ep.TrailersResponse()))
-        return out
-
     def _end(self, response: ep.ProcessingResponse) -> list[ep.ProcessingResponse]:
         self.ended = True
         return [response]
 
+    async def _route_trailers(self) -> list[ep.ProcessingResponse]:
+        out = await self._route(end=False)
+        if not self.ended:
+            out.append(ep.ProcessingResponse(request_trailers=ep.TrailersResponse()))
+        return out
+
     # -- the request ------------------------------------------------------------------
 
-    def _request_headers(self, msg: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+    def _request_headers(self, msg: ep.ProcessingRequest):
         self.headers = _headers(msg.request_headers)
         self.started = time.perf_counter()
         mode = _Mode.BUFFERED
@@ -284,7 +331,7 @@ class _Stream:
             return []  # the answer waits for the body: the destination depends on it
         return [ep.ProcessingResponse(request_headers=ep.HeadersResponse())]
 
-    def _request_body(self, body: ep.HttpBody) -> list[ep.ProcessingResponse]:
+    def _request_body(self, body: ep.HttpBody):
         limit = self.svc.config.max_body_bytes
         self.size += len(body.body)
         if self.size > limit:
@@ -305,7 +352,7 @@ class _Stream:
             return []
         return self._route(end=True)
 
-    def _route(self, *, end: bool | None) -> list[ep.ProcessingResponse]:
+    async def _route(self, *, end: bool | None) -> list[ep.ProcessingResponse]:
         """Decide; ``end``: None = body-less, True = the body ended, False = trailers
         follow the body."""
         svc = self.svc
@@ -325,21 +372,7 @@ class _Stream:
         except Exception as exc:  # malformed (invalid), or a bug (error)
             parsed, verdict = None, svc.decider.refuse(exc, started=t0)
         else:
-            if svc.decider.flow is not None:  # flow control: the answer may have to wait
-                return self._route_queued(parsed, subset, selected, t0, end)
-            verdict = svc.decider.decide(parsed.pick, subset=subset, started=t0)
-        return self._answer(verdict, parsed, selected, end)
-
-    async def _route_queued(self, parsed: OpenAIRequest, subset, selected, t0: float,
-                            end: bool | None) -> list[ep.ProcessingResponse]:
-        verdict = await self.svc.decider.decide_async(parsed.pick, subset=subset, started=t0)
-        return self._answer(verdict, parsed, selected, end)
-
-    def _answer(self, verdict, parsed: OpenAIRequest | None, selected, end: bool | None
-                ) -> list[ep.ProcessingResponse]:
-        """The routing answer for ``verdict`` (``selected``: the conformance hooks' test
-        selection, when the request carried one)."""
-        svc = self.svc
+            verdict = await svc.decide(parsed.pick, subset=subset, started=t0)
         decision = verdict.decision
         if decision is None:
             if selected and verdict.outcome == "unavailable":
@@ -422,13 +455,17 @@ class _Stream:
         return ep.ProcessingResponse(response_headers=ep.HeadersResponse(
             response=ep.CommonResponse(header_mutation=mutation)))
 
-    def _response_body(self, body: ep.HttpBody) -> ep.ProcessingResponse:
+    def _response_body(self, body: ep.HttpBody):
+        # Per chunk: the body read out of the message once, usage/TTFT from it, and the
+        # chunk written back as bytes (no message built).
+        chunk = body.body
+        eos = body.end_of_stream
         if self.usage is not None:
-            self.usage.feed(body.body, time.perf_counter())
-        if body.end_of_stream:
+            self.usage.feed(chunk, time.perf_counter())
+        if eos:
             self._response_end()
         if self.response_mode == _DUPLEX:
-            return _streamed("response", body.body, body.end_of_stream)
+            return _streamed("response", chunk, eos)
         return ep.ProcessingResponse(response_body=ep.BodyResponse())
 
     def _response_end(self) -> None:
@@ -465,7 +502,11 @@ class _Stream:
         usage = self.usage
         if usage is not None:
             usage.finish()
-        self.svc.scheduler.complete(
+        svc = self.svc
+        # Looked up per report (a test may wrap the scheduler's): remote deciders report
+        # to the service's process themselves.
+        complete = svc.decider.complete if svc.scheduler is None else svc.scheduler.complete
+        complete(
             decision_id=d.decision_id, endpoint=self.served or d.endpoint, status=status,
             prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None,
@@ -487,12 +528,24 @@ class _Stream:
             self._report(abi.CompletionStatus.OK)
 
 
+def _awaitable(decide):
+    """The service's ``decide`` as the streams call it (awaited): a verdict, or an
+    awaitable of one from a decider that may wait (flow control)."""
+    async def decide_async(pick, *, subset, started):
+        verdict = decide(pick, subset=subset, started=started)
+        return await verdict if inspect.isawaitable(verdict) else verdict
+    return decide_async
+
+
 class ExtProcService(ep_grpc.ExternalProcessorServicer):
     """Serves ``Process`` streams through ``decider`` (the pick path every front end
     shares) on the event-loop thread, reading requests with the ``openai`` settings.
 
     ``on_complete(decision, status, usage)`` (optional) sees every reported completion
     (with the :class:`UsageReader`, or ``None`` when no body was read).
+
+    ``decider`` is the service's :class:`Decider` (called synchronously), or a remote one
+    (a front-end worker's: ``decide_async``, ``refuse`` and ``complete``).
     """
 
     def __init__(self, decider: Decider, config: ExtProcConfig, openai: OpenAIConfig, *,
@@ -500,7 +553,8 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         if not openai.base_model:
             raise ValueError("ExtProcService needs a base model (openai.base_model)")
         self.decider = decider
-        self.scheduler = decider.scheduler
+        self.scheduler = getattr(decider, "scheduler", None)
+        self.decide = getattr(decider, "decide_async", None) or _awaitable(decider.decide)
         self.config = config
         self.openai = openai
         self.on_complete = on_complete
@@ -511,7 +565,7 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         try:
             async for msg in request_iterator:
                 out = stream.handle(msg)
-                if not isinstance(out, list):  # waiting in flow control
+                if not isinstance(out, list):  # waiting for a decision (flow control, a worker)
                     out = await out
                 for response in out:
                     yield response
@@ -522,15 +576,21 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
 
 
 def build_server(decider: Decider, config: ExtProcConfig, openai: OpenAIConfig, *,
-                 health=None, on_complete=None) -> tuple[grpc.aio.Server, int]:
+                 health=None, on_complete=None, reuse_port: bool = False
+                 ) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server (not started) serving ext_proc (and ``health``, if given) on
-    ``config.listen``; returns it and the bound port. Raises OSError if it cannot bind."""
+    ``config.listen``; returns it and the bound port. Raises OSError if it cannot bind.
+    ``reuse_port``: share the port with the other front-end workers (SO_REUSEPORT)."""
     # A ProcessingRequest carries the whole body in BUFFERED mode: allow Envoy's buffer
     # (4 MiB in the example) plus headers, above gRPC's 4 MiB default.
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+    server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port)),
                                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-    ep_grpc.add_ExternalProcessorServicer_to_server(
-        ExtProcService(decider, config, openai, on_complete=on_complete), server)
+    # The generated registration, with a serializer that also takes pre-encoded bytes.
+    service = ExtProcService(decider, config, openai, on_complete=on_complete)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, {
+        "Process": grpc.stream_stream_rpc_method_handler(
+            service.Process, request_deserializer=ep.ProcessingRequest.FromString,
+            response_serializer=_serialize)}),))
     if health is not None:
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
     port = server.add_insecure_port(config.listen)

@@ -22,12 +22,15 @@ ext_proc's do. A body over ``[http] max_body_bytes`` is a 413, malformed JSON a 
 says what is wrong.
 
 The server is aiohttp on the service's event loop (chosen by measurement: docs/dataplanes.md),
-so a pick runs on the loop thread like every gRPC pick.
+so a pick runs on the loop thread like every gRPC pick. With ``[server] workers`` > 1 it
+runs in each front-end worker instead (SO_REUSEPORT), over a remote picker that asks the
+service's process (epick.frontend).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import socket
@@ -107,8 +110,19 @@ def _message_json(msg) -> str:
     return json_format.MessageToJson(msg, indent=None)
 
 
+async def _result(answer):
+    """An answer from :class:`PickerService` (a value) or from a front-end worker's remote
+    picker (awaited: the decision is made in the service's process)."""
+    return await answer if inspect.isawaitable(answer) else answer
+
+
+def _flow_of(picker):
+    return getattr(picker.decider, "flow", None)
+
+
 class HttpApi:
-    """The handlers, over a :class:`PickerService` (the same one gRPC serves)."""
+    """The handlers, over a :class:`PickerService` (the same one gRPC serves), or in a
+    front-end worker (``[server] workers``) a remote picker with the same answers."""
 
     def __init__(self, picker: PickerService, *, healthy: Callable[[], bool],
                  openai: OpenAIConfig, max_body_bytes: int) -> None:
@@ -135,6 +149,15 @@ class HttpApi:
         # Last: whatever matched nothing above gets a JSON error too.
         app.router.add_route("*", "/{tail:.*}", _no_route)
         return app
+
+
+    def _answer_pick(self, msg, headers):
+        """The picker's answer: straight, through flow control when it is on (both in the
+        service's process), or (a front-end worker) from the service's process."""
+        picker = self.picker
+        if _flow_of(picker) is not None:
+            return picker.answer_pick_async(msg, carrier=headers)
+        return picker.answer_pick(msg, headers)
 
     async def _body(self, request: web.Request) -> bytes | web.Response:
         try:
@@ -163,10 +186,7 @@ class HttpApi:
         msg = await self._parse(request, picker_pb2.PickRequest())
         if isinstance(msg, web.Response):
             return msg
-        if self.picker.decider.flow is None:
-            response, error = self.picker.answer_pick(msg, request.headers)
-        else:
-            response, error = await self.picker.answer_pick_async(msg, carrier=request.headers)
+        response, error = await _result(self._answer_pick(msg, request.headers))
         if error is not None:
             return _error(*error)
         return _json(_message_json(response))
@@ -175,7 +195,7 @@ class HttpApi:
         msg = await self._parse(request, picker_pb2.CompletionReport())
         if isinstance(msg, web.Response):
             return msg
-        response, error = self.picker.answer_completion(msg)
+        response, error = await _result(self.picker.answer_completion(msg))
         if error is not None:
             return _error(*error)
         return _json(_message_json(response))
@@ -198,10 +218,7 @@ class HttpApi:
             verdict = self.picker.decider.refuse(InvalidArgument(f"malformed request: {exc}"),
                                                  started=t0)
             return _error(REFUSALS[verdict.outcome].grpc, verdict.message)
-        if self.picker.decider.flow is None:
-            response, error = self.picker.answer_pick(parsed.pick)
-        else:
-            response, error = await self.picker.answer_pick_async(parsed.pick)
+        response, error = await _result(self._answer_pick(parsed.pick, request.headers))
         if error is not None:
             return _error(*error)
         fallbacks = list(response.fallbacks)
@@ -348,8 +365,10 @@ class HttpServer:
     """The aiohttp server of one :class:`HttpApi`: ``bind`` (sync, so the service reports a
     busy port like its gRPC ones), then ``await start()``; ``await stop()`` at shutdown."""
 
-    def __init__(self, api: HttpApi) -> None:
+    def __init__(self, api: HttpApi, *, reuse_port: bool = False) -> None:
         self.api = api
+        self.reuse_port = reuse_port
+        """Share the port with the other front-end workers (SO_REUSEPORT)."""
         self._sock: socket.socket | None = None
         self._runner: web.AppRunner | None = None
 
@@ -359,6 +378,8 @@ class HttpServer:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind((host, int(port)))
             sock.listen(1024)

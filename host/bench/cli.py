@@ -14,6 +14,7 @@
     sandbox-overhead       what fuel and the epoch deadline cost, per policy
     sandbox-under-fire     Pick latency beside hostile modules, hot swaps under load
     envoy latency|load     what routing through epick adds inside a real Envoy
+    ext-proc-chunk         µs per streamed answer chunk through ext_proc, before/after
     regress --base REF     the pick path's cost, this working tree ÷ a git ref
     stages                 answer_pick's time per stage and per policy
     http                   POST /v1/pick beside unary gRPC Pick (--servers, --proxies)
@@ -46,6 +47,7 @@ BENCHMARKS = {
     "sandbox-overhead": "sandbox_overhead",
     "sandbox-under-fire": "sandbox_under_fire",
     "envoy": "envoy",
+    "ext-proc-chunk": "ext_proc_chunk",
     "regress": "regress",
     "stages": "stages",
     "http": "http",

@@ -1,8 +1,10 @@
 """What routing through epick adds to a request, measured through a real Envoy, in both
 ext_proc body modes; and a load run of many concurrent streaming requests.
 
-    epick bench envoy latency [--requests 2000] [--concurrency 1,8]
-    epick bench envoy load [--concurrent 500] [--requests 2000]
+    epick bench envoy latency [--requests 2000] [--concurrency 1,8] [--workers 1]
+    epick bench envoy load [--concurrent 500,1000] [--requests 2000] [--workers 1,2]
+                           [--modes buffered,streamed]
+    epick bench envoy pick [--workers 1,2] [--requests 4000]
 
 Processes (all loopback): a replica (aiohttp, one process; answers at once, or streams
 SSE chunks), epick (``epick serve``, its own process: load, prefix-cache, lora-affinity),
@@ -16,9 +18,16 @@ three Envoys on the committed examples, and this process as the client:
 
 ``latency``: each client thread alternates the three paths in blocks of 50 requests, so
 machine noise hits all alike; prints p50/p99 per path and what each mode adds over Envoy
-alone. ``load``: ``--concurrent`` streaming requests in flight at once (asyncio), per mode,
-each reading a whole SSE answer; prints status counts (5xx split into epick's JSON errors
-and Envoy's own), the peak in-flight count and latency. Nothing is asserted; it reports.
+alone. ``load``: ``--concurrent`` streaming requests in flight at once (asyncio), each
+reading a whole SSE answer; per concurrency, Envoy alone first, then per epick worker
+count (``--workers``: ``[server] workers``, epick restarted for each) and body mode:
+errors by source (epick's JSON answers vs Envoy's own local replies, client-side errors,
+cut streams), throughput and its ratio to Envoy alone, p50/p99, and the load average
+when the run ended. ``pick``: no Envoy: one epick per ``--workers`` value, all running at once, and one client
+thread sending unary gRPC Picks to each in turn in blocks of 200 (so noise hits all
+alike): p50/p99 per worker count and its ratio to the first (the Pick API stays in the
+service's process; this shows what the workers beside it cost the quiet case). Nothing is
+asserted; it reports.
 
 Envoy runs through the Envoy tests' own harness (tests/envoy/envoy_harness.py: the
 committed examples, ports rewritten), so this runs from a git checkout with ``make envoy``.
@@ -104,18 +113,22 @@ def wait_port(port: int, what: str, timeout_s: float = 60) -> None:
     sys.exit(f"{what} did not listen on port {port} within {timeout_s} s")
 
 
-def start_epick(replica: str, work: Path) -> tuple[subprocess.Popen, int]:
+def start_epick(replica: str, work: Path, workers: int = 1, *, pick_port: int = 0
+                ) -> tuple[subprocess.Popen, int]:
     ext_proc = free_port()
-    conf = work / "epick.toml"
-    lines = ["version = 1", "[server]", f'listen = "127.0.0.1:{free_port()}"',
-             'metrics_listen = ""', "[admin]", 'listen = ""', "[runtime]",
+    conf = work / f"epick-{workers}.toml"
+    lines = ["version = 1", "[server]", f'listen = "127.0.0.1:{pick_port or free_port()}"',
+             'metrics_listen = ""', f"workers = {workers}", "[admin]", 'listen = ""', "[runtime]",
              f'cache_dir = "{work / "cache"}"', "[ext_proc]",
              f'listen = "127.0.0.1:{ext_proc}"', 'base_model = "base"', "[pool]",
+             # One replica process serves every stream and its own /metrics: saturated,
+             # it answers scrapes late; this bench is about epick's front ends.
+             "stale_after_ms = 10000",
              "[[pool.endpoints]]", f'address = "{replica}"']
     for p in ("load", "prefix-cache", "lora-affinity"):
         lines += ["[[policies]]", f'name = "{p}"', f'module = "{p}"']
     conf.write_text("\n".join(lines) + "\n")
-    log = open(work / "epick.log", "wb")  # noqa: SIM115 (closed with the process)
+    log = open(work / "epick.log", "ab")  # noqa: SIM115 (closed with the process)
     proc = subprocess.Popen([str(Path(sys.executable).with_name("epick")), "--log-level", "WARNING",
                              "serve", "--config", str(conf)], stdout=log, stderr=log,
                             stdin=subprocess.DEVNULL)
@@ -123,15 +136,24 @@ def start_epick(replica: str, work: Path) -> tuple[subprocess.Popen, int]:
     return proc, ext_proc
 
 
-def envoys(ext_proc: int, replica: str) -> dict:
+def envoys(ext_proc: int, replica: str, paths=("envoy", "buffered", "streamed")) -> dict:
     """Body mode (or ``envoy``: ext_proc off) -> an ``envoy_harness.Envoy``, not started."""
     h = checkout.tests_module("envoy", "envoy_harness")
     kw = {"ext_proc_port": ext_proc, "replicas": [replica], "access_log": False}
-    return {
-        "envoy": h.Envoy(h.render(h.EXAMPLE.read_text(), ext_proc=False, **kw)),
-        "buffered": h.Envoy(h.render(h.EXAMPLE.read_text(), **kw)),
-        "streamed": h.Envoy(h.render(h.STREAMING.read_text(), **kw)),
-    }
+    files = {"envoy": h.EXAMPLE, "buffered": h.EXAMPLE, "streamed": h.STREAMING}
+    return {name: h.Envoy(h.render(files[name].read_text(), ext_proc=name != "envoy", **kw))
+            for name in paths}
+
+
+def wait_routing(urls: dict[str, str], work: Path) -> None:
+    """Until a request through each URL is answered 200 (epick serves once one is)."""
+    for url in urls.values():
+        deadline = time.monotonic() + 30
+        while httpx.post(f"{url}/v1/completions", json={"model": "base"},
+                         timeout=10).status_code != 200:
+            if time.monotonic() > deadline:
+                sys.exit(f"{url}: not routing after 30 s (see {work}/epick.log)")
+            time.sleep(0.2)
 
 
 # -- latency ---------------------------------------------------------------------------------
@@ -199,6 +221,7 @@ async def load_one(url: str, concurrent: int, requests: int) -> dict:
             "stream_options": {"include_usage": True}}
     statuses: Counter = Counter()
     errors: Counter = Counter()
+    sources: Counter = Counter()
     lat: list[float] = []
     inflight = peak = 0
     todo = iter(range(requests))
@@ -216,14 +239,20 @@ async def load_one(url: str, concurrent: int, requests: int) -> dict:
                     async with http.post(f"{url}/v1/completions", json=body) as resp:
                         raw = await resp.read()
                         statuses[resp.status] += 1
-                        if resp.status >= 500:
+                        if resp.status != 200:
+                            # epick's answers are OpenAI JSON errors; Envoy's local replies
+                            # (504 message timeout, 503 breaker/ext_proc error) plain text.
                             kind = ("epick" if resp.content_type == "application/json"
                                     else "envoy")
-                            errors[f"{kind}: {raw[:160].decode(errors='replace')}"] += 1
-                        elif resp.status == 200 and not raw.endswith(b"data: [DONE]\n\n"):
+                            sources[kind] += 1
+                            errors[f"{kind} {resp.status}: "
+                                   f"{raw[:160].decode(errors='replace')}"] += 1
+                        elif not raw.endswith(b"data: [DONE]\n\n"):
+                            sources["cut"] += 1
                             errors["200 but the stream was cut"] += 1
                 except (TimeoutError, aiohttp.ClientError) as exc:
                     statuses["client error"] += 1
+                    sources["client"] += 1
                     errors[repr(exc)[:160]] += 1
                 finally:
                     inflight -= 1
@@ -234,32 +263,172 @@ async def load_one(url: str, concurrent: int, requests: int) -> dict:
         wall = time.perf_counter() - t0
     xs = np.array(lat)
     return {"statuses": {str(k): v for k, v in statuses.items()}, "errors": dict(errors),
+            "errors_by_source": {k: sources[k] for k in ("epick", "envoy", "client", "cut")},
             "peak_in_flight": peak, "wall_s": round(wall, 2),
             "req_per_s": round(requests / wall, 1),
             "p50_ms": round(float(np.percentile(xs, 50)) * 1e3, 1),
-            "p99_ms": round(float(np.percentile(xs, 99)) * 1e3, 1)}
+            "p99_ms": round(float(np.percentile(xs, 99)) * 1e3, 1),
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
-def run_load(args, urls: dict[str, str]) -> dict:
+LOAD_HEADER = (f"{'workers':>7} {'mode':<9} {'conc':>5} {'ok':>5} {'epick':>5} {'envoy':>5} "
+               f"{'client':>6} {'cut':>4} {'req/s':>7} {'x envoy':>7} {'p50 ms':>7} "
+               f"{'p99 ms':>7} {'load':>5}")
+
+
+def _load_row(workers: str, name: str, conc: int, row: dict, base: float | None) -> str:
+    src = row["errors_by_source"]
+    ratio = f"{row['req_per_s'] / base:.2f}" if base else "-"
+    return (f"{workers:>7} {name:<9} {conc:>5} {row['statuses'].get('200', 0):>5} "
+            f"{src['epick']:>5} {src['envoy']:>5} {src['client']:>6} {src['cut']:>4} "
+            f"{row['req_per_s']:>7} {ratio:>7} {row['p50_ms']:>7} {row['p99_ms']:>7} "
+            f"{row['load_avg_1m']:>5}")
+
+
+#: Envoy's counters that say why ext_proc failed a request (docs: ext_proc filter stats).
+EXT_PROC_STATS = ("streams_started", "streams_failed", "stream_msgs_sent", "message_timeouts",
+                  "failure_mode_allowed", "clear_route_cache_upstream_ignored")
+
+
+def _ext_proc_stats(envoy) -> dict[str, int]:
+    stats = envoy.stats("http.inference.ext_proc.")
+    out = {k.rsplit(".", 1)[1]: v for k, v in stats.items()
+           if k.rsplit(".", 1)[1] in EXT_PROC_STATS and k.startswith("http.inference.ext_proc.")}
+    cluster = envoy.stats("cluster.epick_ext_proc.upstream_")
+    for key in ("upstream_cx_connect_timeout", "upstream_rq_pending_overflow",
+                "upstream_cx_destroy_remote_with_active_rq", "upstream_rq_timeout",
+                "upstream_cx_total", "upstream_rq_rx_reset", "upstream_rq_tx_reset"):
+        value = cluster.get(f"cluster.epick_ext_proc.{key}")
+        if value is not None:
+            out[f"ext_proc_cluster.{key}"] = value
+    return out
+
+
+def run_load(args, replica: str, work: Path) -> dict:
+    """Per worker count: epick and the mode Envoys started; per concurrency: Envoy alone,
+    then each mode, back to back (so each ratio compares runs seconds apart)."""
     report = {"concurrent": args.concurrent, "requests": args.requests, "chunks": args.chunks,
-              "chunk_delay_s": args.chunk_delay, "paths": {}}
-    for name in ("envoy", "buffered", "streamed"):
-        row = asyncio.run(load_one(urls[name], args.concurrent, args.requests))
-        report["paths"][name] = row
-        print(f"{name:<9} statuses={row['statuses']} peak_in_flight={row['peak_in_flight']} "
-              f"{row['req_per_s']} req/s p50={row['p50_ms']} ms p99={row['p99_ms']} ms")
-        for what, n in row["errors"].items():
-            print(f"          {n} x {what}")
+              "chunk_delay_s": args.chunk_delay, "modes": args.modes, "runs": []}
+    print(LOAD_HEADER)
+    alone = envoys(free_port(), replica, ("envoy",))["envoy"]
+    alone.start()
+    try:
+        wait_routing({"envoy": alone.url}, work)
+        for workers in args.workers:
+            epick, ext_proc = start_epick(replica, work, workers)
+            started = envoys(ext_proc, replica, args.modes)
+            try:
+                for e in started.values():
+                    e.start()
+                urls = {k: e.url for k, e in started.items()}
+                wait_routing(urls, work)
+                for conc in args.concurrent:
+                    requests = args.requests or 2 * conc
+                    base = asyncio.run(load_one(alone.url, conc, requests))
+                    report["runs"].append({"workers": workers, "path": "envoy",
+                                           "concurrent": conc, **base})
+                    print(_load_row("-", "envoy", conc, base, None), flush=True)
+                    for name, url in urls.items():
+                        before = _ext_proc_stats(started[name])
+                        row = asyncio.run(load_one(url, conc, requests))
+                        after = _ext_proc_stats(started[name])
+                        # Why Envoy's own errors happened (its ext_proc filter's counters).
+                        row["envoy_ext_proc"] = {k: after[k] - before.get(k, 0)
+                                                 for k in after if after[k] != before.get(k, 0)}
+                        row["x_envoy"] = round(row["req_per_s"] / base["req_per_s"], 3)
+                        report["runs"].append({"workers": workers, "path": name,
+                                               "concurrent": conc, **row})
+                        print(_load_row(str(workers), name, conc, row, base["req_per_s"]),
+                              flush=True)
+                        for what, n in sorted(row["errors"].items(), key=lambda kv: -kv[1])[:3]:
+                            print(f"{'':>17} {n} x {what}")
+                        if sum(row["errors_by_source"].values()):
+                            print(f"{'':>17} Envoy's ext_proc counters: {row['envoy_ext_proc']}")
+            finally:
+                for e in started.values():
+                    e.stop()
+                epick.terminate()
+                epick.wait(15)
+    finally:
+        alone.stop()
     return report
+
+
+def run_pick(args, replica: str, work: Path) -> dict:
+    """Unary gRPC Pick p50/p99 at one client, per worker count (all epicks at once)."""
+    import grpc
+
+    from epick.api.gen.epick.v1 import picker_pb2, picker_pb2_grpc
+
+    procs, stubs, channels = {}, {}, []
+    try:
+        for w in args.workers:
+            port = free_port()
+            procs[w], _ext = start_epick(replica, work, w, pick_port=port)
+            channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+            channels.append(channel)
+            stubs[w] = picker_pb2_grpc.EndpointPickerStub(channel)
+        request = picker_pb2.PickRequest(model="base", prompt="You are a helpful assistant. "
+                                         * 30 + "Say hi.")
+        for w, stub in stubs.items():  # serving (policies loaded, a fresh scrape) + warm
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    stub.Pick(request, timeout=5)
+                    break
+                except grpc.RpcError:
+                    if time.monotonic() > deadline:
+                        sys.exit(f"epick (workers {w}) not picking after 60 s ({work})")
+                    time.sleep(0.2)
+            for _ in range(200):
+                stub.Pick(request, timeout=5)
+        lat: dict[int, list[float]] = {w: [] for w in stubs}
+        per = max(200, args.requests // len(stubs))
+        while min(len(x) for x in lat.values()) < per:
+            for w, stub in stubs.items():
+                for _ in range(200):
+                    t0 = time.perf_counter()
+                    stub.Pick(request, timeout=5)
+                    lat[w].append(time.perf_counter() - t0)
+    finally:
+        for c in channels:
+            c.close()
+        for p in procs.values():
+            p.terminate()
+            p.wait(15)
+    report = {"requests_each": per, "load_avg_1m": round(os.getloadavg()[0], 2), "runs": []}
+    first = None
+    print(f"{'workers':>7} {'picks':>6} {'p50 us':>8} {'p99 us':>8} {'p50 / first':>11}")
+    for w, xs in lat.items():
+        p50, p99 = (float(np.percentile(xs, q)) * 1e6 for q in (50, 99))
+        first = first or p50
+        report["runs"].append({"workers": w, "picks": len(xs), "p50_us": round(p50, 1),
+                               "p99_us": round(p99, 1), "p50_ratio": round(p50 / first, 3)})
+        print(f"{w:>7} {len(xs):>6} {p50:>8.1f} {p99:>8.1f} {p50 / first:>11.3f}")
+    print(f"# load average {report['load_avg_1m']}")
+    return report
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="epick bench envoy", description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["latency", "load"])
-    ap.add_argument("--requests", type=int, default=2000,
-                    help="latency: per path and concurrency; load: per path")
+    ap.add_argument("what", choices=["latency", "load", "pick"])
+    ap.add_argument("--requests", type=int, default=None,
+                    help="latency: per path and concurrency (2000); load: per run "
+                         "(default twice the concurrency)")
     ap.add_argument("--concurrency", default="1,8", help="latency: client threads (list)")
-    ap.add_argument("--concurrent", type=int, default=500, help="load: requests in flight")
+    ap.add_argument("--concurrent", type=_ints, default=[500],
+                    help="load: requests in flight (a list: 1000,2000)")
+    ap.add_argument("--workers", type=_ints, default=[1],
+                    help="epick's [server] workers (load: a list, epick restarted for each; "
+                         "latency: the first)")
+    ap.add_argument("--modes", type=lambda t: [m for m in t.split(",") if m],
+                    default=["buffered", "streamed"],
+                    help="load: body modes through epick (buffered = envoy.yaml, streamed = "
+                         "envoy-streaming.yaml)")
     ap.add_argument("--chunks", type=int, default=None,
                     help="SSE events per streamed answer (latency 1, load 20)")
     ap.add_argument("--chunk-delay", type=float, default=0.02, help="seconds between events")
@@ -267,6 +436,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.chunks is None:
         args.chunks = 1 if args.what == "latency" else 20
+    if args.what == "latency" and args.requests is None:
+        args.requests = 2000
+    if args.what == "pick" and args.requests is None:
+        args.requests = 4000
+    unknown = set(args.modes) - {"buffered", "streamed"}
+    if unknown:
+        ap.error(f"--modes: unknown {', '.join(sorted(unknown))} (buffered, streamed)")
 
     work = Path(tempfile.mkdtemp(prefix="epick-bench-"))
     port = free_port()
@@ -276,25 +452,25 @@ def main(argv: list[str] | None = None) -> int:
     epick = None
     try:
         wait_port(port, "the replica")
-        epick, ext_proc = start_epick(f"127.0.0.1:{port}", work)
-        started = envoys(ext_proc, f"127.0.0.1:{port}")
-        try:
-            for e in started.values():
-                e.start()
-            urls = {k: e.url for k, e in started.items()}
-            for url in urls.values():  # epick is serving once a routed request succeeds
-                deadline = time.monotonic() + 30
-                while httpx.post(f"{url}/v1/completions", json={"model": "base"},
-                                 timeout=10).status_code != 200:
-                    if time.monotonic() > deadline:
-                        sys.exit(f"{url}: not routing after 30 s (see {work}/epick.log)")
-                    time.sleep(0.2)
-            print(f"# {os.cpu_count()} CPUs; {args.what}; replica streams {args.chunks} events "
-                  f"{args.chunk_delay * 1e3:.0f} ms apart")
-            report = run_latency(args, urls) if args.what == "latency" else run_load(args, urls)
-        finally:
-            for e in started.values():
-                e.stop()
+        print(f"# {os.cpu_count()} CPUs; {args.what}; replica streams {args.chunks} events "
+              f"{args.chunk_delay * 1e3:.0f} ms apart; load average "
+              f"{os.getloadavg()[0]:.2f}", flush=True)
+        if args.what == "load":
+            report = run_load(args, f"127.0.0.1:{port}", work)
+        elif args.what == "pick":
+            report = run_pick(args, f"127.0.0.1:{port}", work)
+        else:
+            epick, ext_proc = start_epick(f"127.0.0.1:{port}", work, args.workers[0])
+            started = envoys(ext_proc, f"127.0.0.1:{port}")
+            try:
+                for e in started.values():
+                    e.start()
+                urls = {k: e.url for k, e in started.items()}
+                wait_routing(urls, work)
+                report = run_latency(args, urls)
+            finally:
+                for e in started.values():
+                    e.stop()
     finally:
         if epick is not None:
             epick.terminate()

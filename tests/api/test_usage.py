@@ -56,3 +56,19 @@ def test_what_cannot_be_read_yields_nothing_and_never_raises():
     bad_sse = read("text/event-stream", [b'data: {"usage": nope}\n\n'])
     for r in (too_big, broken, bad_values, html, bad_sse):
         assert (r.prompt_tokens, r.completion_tokens) == (None, None)
+
+
+def test_usage_is_found_wherever_the_chunks_are_cut():
+    """Whole events per chunk take the no-copy path; any other cut goes through the held
+    tail. Every cut of the same answer gives the same usage."""
+    answer = (b'data: {"choices":[{"text":"a"}]}\n\n'
+              b'data: {"choices":[{"text":"b"}],"usage":null}\n\n'
+              b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}\n\n'
+              b"data: [DONE]\n\n")
+    for cut in range(1, len(answer)):
+        for second in (cut, min(len(answer), cut + 13), len(answer)):
+            reader = UsageReader("text/event-stream", 0.0)
+            for part in (answer[:cut], answer[cut:second], answer[second:]):
+                reader.feed(part, 1.0)
+            reader.finish()
+            assert (reader.prompt_tokens, reader.completion_tokens) == (7, 2), (cut, second)

@@ -1,0 +1,180 @@
+"""The service's side of the front-end workers: one Unix socket, every decision here.
+
+Each worker holds one connection. A :class:`~epick.frontend.wire.Pick` frame goes
+through the service's own :class:`~epick.api.decide.Decider` — the very pick path the
+gRPC Pick API and the in-process ext_proc use — and its verdict goes back as an
+:class:`~epick.frontend.wire.Answer`; completions reach the scheduler as ReportCompletion
+does. Frames are read and answered in ``data_received``, on the event-loop thread: one
+read can carry many picks under load, and each is decided without an ``await`` in
+between, as a PickStream message is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+
+from epick import abi
+from epick.api.decide import Decider, Verdict
+from epick.api.gen.epick.v1 import picker_pb2
+from epick.api.picker import PickerService, to_response
+from epick.frontend import wire
+
+__all__ = ["Hub"]
+
+log = logging.getLogger("epick.frontend")
+
+
+class _Connection(asyncio.Protocol):
+    """One worker's connection."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.frames = wire.Frames(wire.ToHub)
+        self.transport: asyncio.Transport | None = None
+        self.worker: int | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.hub._connections.add(self)
+
+    def connection_lost(self, exc) -> None:
+        self.hub._connections.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self.frames.feed(data)
+        except (ValueError, TypeError) as exc:  # msgspec.DecodeError is a ValueError
+            log.error("front-end worker %s sent a bad frame (%s): closing its connection",
+                      self.worker, exc)
+            self.transport.close()
+            return
+        hub = self.hub
+        for msg in messages:
+            if type(msg) is wire.Pick:
+                self._pick(msg)
+            elif type(msg) is wire.Complete:
+                hub.complete(msg)
+            elif type(msg) is wire.Refused:
+                hub.refused(msg)
+            elif type(msg) is wire.Report:
+                self.send(hub.report(msg))
+            else:
+                self.worker = msg.worker
+                self.send(wire.Health(hub.serving))
+                hub.on_hello(msg.worker, msg.pid)
+
+    def _pick(self, msg: wire.Pick) -> None:
+        started = self.hub.clock() - msg.elapsed_s
+        try:
+            pick = picker_pb2.PickRequest.FromString(msg.pick)
+        except Exception as exc:  # noqa: BLE001 (a worker bug: counted, answered)
+            self._answer(msg.id, self.hub.decider.refuse(exc, started=started))
+            return
+        subset = msg.subset
+        decider = self.hub.decider
+        if decider.flow is not None:  # flow control: the answer may have to wait
+            verdict = decider.decide_async(pick, subset=subset, started=started)
+        elif subset is None:
+            verdict = decider.decide(pick, started=started)
+        else:
+            verdict = decider.decide(pick, subset=subset, started=started)
+        if inspect.isawaitable(verdict):  # a decider that may wait (flow control)
+            asyncio.ensure_future(self._answer_later(msg.id, verdict, msg.full))
+        else:
+            self._answer(msg.id, verdict, msg.full)
+
+    async def _answer_later(self, id_: int, verdict, full: bool) -> None:
+        self._answer(id_, await verdict, full)
+
+    def _answer(self, id_: int, verdict: Verdict, full: bool = False) -> None:
+        d = verdict.decision
+        if d is None:
+            self.send(wire.Answer(id_, verdict.outcome, verdict.message))
+        else:
+            response = to_response(d).SerializeToString() if full else b""
+            self.send(wire.Answer(id_, verdict.outcome, "", d.endpoint, list(d.fallbacks),
+                                  d.decision_id, response))
+
+    def send(self, msg) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(wire.frame(msg))
+
+
+class Hub:
+    """Serves the workers' connections on a Unix socket at ``path`` (``run``).
+
+    ``on_hello(worker, pid)`` is told when a worker's servers listen; :meth:`set_health`
+    tells every worker the service's health (a worker connecting later is told at once).
+    """
+
+    def __init__(self, picker: PickerService, path: Path, *,
+                 on_hello: Callable[[int, int], None] = lambda _w, _p: None,
+                 clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.picker = picker
+        self.decider: Decider = picker.decider
+        self.scheduler = picker.scheduler
+        self.path = path
+        self.on_hello = on_hello
+        self.clock = clock or time.perf_counter
+        self.serving = False
+        self._connections: set[_Connection] = set()
+
+    @property
+    def connected(self) -> int:
+        return sum(1 for c in self._connections if c.worker is not None)
+
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        loop = asyncio.get_running_loop()
+        if self.path.exists():
+            self.path.unlink()
+        server = await loop.create_unix_server(lambda: _Connection(self), str(self.path))
+        os.chmod(self.path, 0o600)  # this user's workers only
+        try:
+            task_status.started()
+            await anyio.sleep_forever()
+        finally:
+            server.close()
+            for conn in list(self._connections):
+                if conn.transport is not None:
+                    conn.transport.close()
+            self._connections.clear()
+            self.path.unlink(missing_ok=True)
+
+    def set_health(self, serving: bool) -> None:
+        self.serving = serving
+        for conn in list(self._connections):
+            conn.send(wire.Health(serving))
+
+    def complete(self, msg: wire.Complete) -> None:
+        try:
+            self.scheduler.complete(
+                decision_id=msg.decision_id, endpoint=msg.endpoint,
+                status=abi.CompletionStatus(msg.status), prompt_tokens=msg.prompt_tokens,
+                completion_tokens=msg.completion_tokens, ttft_s=msg.ttft_s)
+        except Exception:  # a bug, as in PickerService.answer_completion
+            log.exception("a front-end worker's completion report failed")
+
+    def report(self, msg: wire.Report) -> wire.Ack:
+        """A completion report answered as gRPC ReportCompletion answers it."""
+        try:
+            report = picker_pb2.CompletionReport.FromString(msg.report)
+        except Exception as exc:  # noqa: BLE001 (a worker bug: said, not raised)
+            return wire.Ack(msg.id, False, "INTERNAL", f"undecodable report: {exc!r}")
+        response, error = self.picker.answer_completion(report)
+        if error is not None:
+            return wire.Ack(msg.id, False, error[0].name, error[1])
+        return wire.Ack(msg.id, response.known)
+
+    def refused(self, msg: wire.Refused) -> None:
+        telemetry = self.decider.telemetry
+        if telemetry is not None:
+            telemetry.pick_done(msg.outcome, msg.elapsed_s)

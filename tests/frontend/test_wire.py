@@ -1,0 +1,40 @@
+"""The frames between front-end workers and the hub: cut anywhere, read whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from epick.frontend import wire
+
+
+def _messages():
+    return [wire.Hello(1, 4242),
+            wire.Pick(7, b"\x0a\x04base" + bytes(range(256)) * 40, ["10.0.0.1:8000"], 0.00012,
+                      True),
+            wire.Refused("invalid", 0.5),
+            wire.Complete("d-1", "10.0.0.1:8000", 2, None, 17, 0.25),
+            wire.Report(8, b"\x0a\x03d-1")]
+
+
+def test_frames_cut_at_every_byte_decode_to_the_same_messages():
+    stream = b"".join(wire.frame(m) for m in _messages())
+    for step in (1, 3, 7, 64, 4096, len(stream)):
+        frames = wire.Frames(wire.ToHub)
+        got = []
+        for i in range(0, len(stream), step):
+            got += frames.feed(stream[i:i + step])
+        assert got == _messages(), step
+
+
+def test_answers_keep_their_defaults_and_the_hub_side_kinds():
+    frames = wire.Frames(wire.ToWorker)
+    sent = [wire.Answer(1, "unavailable", "no endpoint"), wire.Health(True), wire.Ack(8, True),
+            wire.Answer(2, "ok", "", "10.0.0.1:8000", ["10.0.0.2:8000"], "d-2", b"\x0a\x01x")]
+    assert frames.feed(b"".join(wire.frame(m) for m in sent)) == sent
+    assert sent[0].fallbacks == [] and sent[0].response == b""
+
+
+def test_a_frame_over_the_limit_is_refused_before_it_is_read():
+    frames = wire.Frames(wire.ToHub)
+    with pytest.raises(ValueError, match="over the"):
+        frames.feed((wire.MAX_FRAME + 1).to_bytes(4, "little") + b"\x00")
