@@ -17,6 +17,7 @@
     regress --base REF     the pick path's cost, this working tree ÷ a git ref
     stages                 answer_pick's time per stage and per policy
     http                   POST /v1/pick beside unary gRPC Pick (--servers, --proxies)
+    dataplanes             what epick adds inside NGINX, HAProxy and Envoy, side by side
     weights [--rules]      WatchWeights: Pick p50 with 0 vs 1,000 subscribers, change delay
 
 Results go to results/ (each benchmark's --json and the README there say where). Those
@@ -49,6 +50,7 @@ BENCHMARKS = {
     "stages": "stages",
     "http": "http",
     "weights": "weights",
+    "dataplanes": "proxies",
 }
 
 
