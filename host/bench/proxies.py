@@ -14,6 +14,11 @@ addresses rewritten:
                                             on: BUFFERED request bodies)
     envoy + ext_proc streamed               examples/envoy/envoy-streaming.yaml
 
+``--load URL`` instead sends ``--requests`` streamed completions to a running proxy at URL,
+``--concurrent`` in flight, and prints JSON: status counts, errors (a 200 whose stream is
+cut or lacks a token event is one), the peak in flight (tests/dataplanes' 2,000-stream test
+runs it in a process of its own, away from the service it loads).
+
 ``--before REF`` also runs ``REF``'s NGINX and HAProxy examples through the same epick
 (``nginx + epick @REF``): a change to the examples measured before/after in one run.
 
@@ -226,6 +231,23 @@ def table(res: dict[str, dict[int, Phase]]) -> tuple[list[str], dict]:
     return lines, doc
 
 
+def run_load(args) -> int:
+    """``--load``: the streams, in this process (its open-file limit raised to fit them)."""
+    import asyncio
+    import resource
+
+    from epick.bench.envoy import load_one
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = args.concurrent * 2 + 256
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+    res = asyncio.run(load_one(args.load, args.concurrent, args.requests, model=args.model,
+                               max_tokens=args.max_tokens))
+    print(json.dumps(res))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="epick bench dataplanes",
                                  description=__doc__.split("\n")[0])
@@ -237,11 +259,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run this git ref's NGINX and HAProxy examples")
     ap.add_argument("--only", default="nginx,haproxy,envoy", help="proxies to run")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
+    ap.add_argument("--load", metavar="URL", help="stream completions through this proxy")
+    ap.add_argument("--concurrent", type=int, default=2000, help="--load: in flight")
+    ap.add_argument("--requests", type=int, default=2000, help="--load: in all")
+    ap.add_argument("--model", default="base", help="--load: the body's model")
+    ap.add_argument("--max-tokens", type=int, default=8, help="--load: tokens per answer")
     ap.add_argument("--serve-replica", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_replica:
         serve_replica()
         return 0
+    if args.load:
+        return run_load(args)
     load = os.getloadavg()
     res = measure(seconds=args.seconds, rounds=args.rounds,
                   clients=tuple(int(c) for c in args.clients.split(",")), before=args.before,
