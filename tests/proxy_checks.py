@@ -90,7 +90,7 @@ def assert_usage_and_ttft_reported(url: str, seen: list[dict], *, stream: bool,
         body["stream_options"] = {"include_usage": True}
     with httpx.Client(base_url=url, timeout=10) as client:
         resp = client.post("/v1/completions", json=body)
-    assert resp.status_code == 200
+    assert resp.status_code == 200, (resp.status_code, resp.text)
     assert wait_for(lambda: seen)
     (kw,) = seen
     assert (kw["status"], kw["prompt_tokens"], kw["completion_tokens"]) == (
