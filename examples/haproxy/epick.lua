@@ -97,7 +97,7 @@ local function read_answer(sock)
 end
 
 -- One POST to epick on a connection of its own (a socket cannot outlive the request
--- that opened it); core.tcp costs less than core.httpclient's internal applet.
+-- that opened it), written and read here rather than through core.httpclient's applet.
 local function post(ip, port, path, headers, body)
     local sock = core.tcp()
     sock:settimeout(30)
