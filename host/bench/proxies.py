@@ -188,10 +188,11 @@ def measure(*, seconds: float = 4.0, rounds: int = 4, clients=(1, 8), before: st
                     for name, p in proxies.items():
                         ph = out.setdefault(name, {}).setdefault(n, Phase())
                         t0 = time.perf_counter()
-                        lat = http_phase(p.port, n, per, [BODY], "/v1/completions")
-                        ph.seconds += time.perf_counter() - t0
-                        ph.latencies_us += lat
-                        ph.calls += len(lat)
+                        try:
+                            lat = http_phase(p.port, n, per, [BODY], "/v1/completions")
+                        except RuntimeError as exc:
+                            raise RuntimeError(f"{name}, {n} client(s): {exc}") from exc
+                        ph.record(lat, time.perf_counter() - t0)
                 log(f"# round {r + 1}/{rounds} done")
         finally:
             for p in proxies.values():
