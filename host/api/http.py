@@ -198,6 +198,10 @@ class HttpApi:
         response, error = await _result(self.picker.answer_completion(msg))
         if error is not None:
             return _error(*error)
+        if request.headers.get("prefer", "").strip().lower() == "return=minimal":
+            # RFC 7240: no body wanted. NGINX's post_action keeps its connection to epick
+            # only for an answer without a body (it never reads one).
+            return web.Response(status=204)
         return _json(_message_json(response))
 
     async def route(self, request: web.Request) -> web.Response:
@@ -361,6 +365,12 @@ def _path_of(body: bytes) -> str:
     return "/v1/chat/completions" if b'"messages"' in body else "/v1/completions"
 
 
+#: Connections waiting to be accepted (the kernel caps it at net.core.somaxconn): a proxy
+#: opens one per request in flight, and a burst of thousands must queue, not be dropped
+#: into SYN retries.
+BACKLOG = 4096
+
+
 class HttpServer:
     """The aiohttp server of one :class:`HttpApi`: ``bind`` (sync, so the service reports a
     busy port like its gRPC ones), then ``await start()``; ``await stop()`` at shutdown."""
@@ -382,7 +392,7 @@ class HttpServer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind((host, int(port)))
-            sock.listen(1024)
+            sock.listen(BACKLOG)
         except OSError:
             sock.close()
             raise
@@ -393,7 +403,8 @@ class HttpServer:
     async def start(self) -> None:
         self._runner = web.AppRunner(self.api.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
-        await web.SockSite(self._runner, self._sock).start()
+        # (aiohttp listens again with its own backlog, 128 unless told)
+        await web.SockSite(self._runner, self._sock, backlog=BACKLOG).start()
 
     async def stop(self) -> None:
         self.api.close()

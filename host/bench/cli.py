@@ -18,6 +18,7 @@
     regress --base REF     the pick path's cost, this working tree ÷ a git ref
     stages                 answer_pick's time per stage and per policy
     http                   POST /v1/pick beside unary gRPC Pick (--servers, --proxies)
+    dataplanes             what epick adds inside NGINX, HAProxy and Envoy, side by side
     weights [--rules]      WatchWeights: Pick p50 with 0 vs 1,000 subscribers, change delay
     tracing                Pick p50 with tracing off, at 1% and at 100% sampling
 
@@ -53,6 +54,7 @@ BENCHMARKS = {
     "http": "http",
     "weights": "weights",
     "tracing": "tracing",
+    "dataplanes": "proxies",
 }
 
 

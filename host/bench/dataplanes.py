@@ -77,8 +77,9 @@ def render(kind: str, text: str, *, listen_port: int, epick_http_port: int,
     _folder, _name, listen = KINDS[kind]
     directive = "listen " if kind == "nginx" else "bind "
     text = _replace(text, directive + listen, f"{directive}127.0.0.1:{listen_port}")
-    text = _replace(text, f"http://{EPICK_HTTP}/", f"http://127.0.0.1:{epick_http_port}/",
-                    count=2)
+    if EPICK_HTTP not in text:
+        raise ProxyError(f"the {kind} example must name epick's address {EPICK_HTTP}")
+    text = text.replace(EPICK_HTTP, f"127.0.0.1:{epick_http_port}")
     if kind == "nginx":
         servers = "".join(f"        server {r};\n" for r in replicas)
         text, n = re.subn(r"(    upstream replicas \{\n)(?:        server .*;\n)+",
@@ -109,10 +110,12 @@ class Proxy:
     """One running proxy from its rendered example (in a temporary copy of its folder)."""
 
     def __init__(self, kind: str, *, epick_http_port: int, replicas: list[str],
-                 fail_open: bool = False, listen_port: int = 0, epick: bool = True) -> None:
+                 fail_open: bool = False, listen_port: int = 0, epick: bool = True,
+                 folder: Path | None = None) -> None:
         self.kind = kind
         self.port = listen_port or free_port()
-        folder, name, _listen = KINDS[kind]
+        example, name, _listen = KINDS[kind]
+        folder = folder or example  # another copy of the example (the benchmark's --before)
         self._tmp = tempfile.TemporaryDirectory(prefix=f"epick-{kind}-")
         self.folder = Path(self._tmp.name)
         shutil.copytree(folder, self.folder, dirs_exist_ok=True)

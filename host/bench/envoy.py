@@ -216,9 +216,15 @@ def run_latency(args, urls: dict[str, str]) -> dict:
 
 # -- load ------------------------------------------------------------------------------------
 
-async def load_one(url: str, concurrent: int, requests: int) -> dict:
-    body = {"model": "base", "prompt": "You are a helpful assistant. " * 30, "stream": True,
+async def load_one(url: str, concurrent: int, requests: int, *, model: str = "base",
+                   max_tokens: int | None = None) -> dict:
+    """``requests`` streamed completions, ``concurrent`` in flight; a 200 whose stream does
+    not end with ``[DONE]`` (or, given ``max_tokens``, lacks one of its token events) is
+    counted as cut."""
+    body = {"model": model, "prompt": "You are a helpful assistant. " * 30, "stream": True,
             "stream_options": {"include_usage": True}}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
     statuses: Counter = Counter()
     errors: Counter = Counter()
     sources: Counter = Counter()
@@ -250,6 +256,10 @@ async def load_one(url: str, concurrent: int, requests: int) -> dict:
                         elif not raw.endswith(b"data: [DONE]\n\n"):
                             sources["cut"] += 1
                             errors["200 but the stream was cut"] += 1
+                        elif resp.status == 200 and max_tokens is not None and (
+                                raw.count(b'"text":') + raw.count(b'"content":')
+                                < max_tokens):
+                            errors["200 but a token event is missing"] += 1
                 except (TimeoutError, aiohttp.ClientError) as exc:
                     statuses["client error"] += 1
                     sources["client"] += 1

@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +49,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epick.api.gen.epick.v1 import picker_pb2, picker_pb2_grpc
 
-__all__ = ["main", "measure", "Setup", "Phase"]
+__all__ = ["main", "measure", "Setup", "Phase", "run_clients"]
 
 #: An hour: the "no scraping" setup scrapes once at start and then never again, and its
 #: endpoints stay fresh for the whole run.
@@ -63,6 +64,12 @@ class Phase:
     calls: int = 0
     seconds: float = 0.0
     server_cpu_s: float = 0.0
+
+    def record(self, latencies_us: list[float], seconds: float) -> None:
+        """Add one run of this phase: its calls' latencies and how long it took."""
+        self.latencies_us += latencies_us
+        self.calls += len(latencies_us)
+        self.seconds += seconds
 
     @property
     def rate(self) -> float:
@@ -259,40 +266,51 @@ def requests(count: int) -> list[picker_pb2.PickRequest]:
     ]
 
 
+def run_clients(threads: int, client: Callable[[int, list[float]], None],
+                what: str) -> list[float]:
+    """``threads`` client threads, each running ``client(k, latencies)``; every latency
+    (µs), or a RuntimeError naming ``what`` and the first client's failure."""
+    out: list[list[float]] = [[] for _ in range(threads)]
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            client(k, out[k])
+        except Exception as exc:  # reported by the caller's thread, below
+            errors.append(exc)
+
+    ts = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise RuntimeError(f"{what} failed during the benchmark: {errors[0]}")
+    return [x for lat in out for x in lat]
+
+
 def unary_phase(target: str, kind: str, threads: int, seconds: float,
                 reqs: list[picker_pb2.PickRequest]) -> list[float]:
     """``threads`` synchronous clients calling Pick (or the no-op) for ``seconds``; µs each."""
-    out: list[list[float]] = [[] for _ in range(threads)]
-    errors: list[BaseException] = []
     stop = time.perf_counter() + seconds
 
-    def worker(k: int) -> None:
+    def client(k: int, lat: list[float]) -> None:
         with grpc.insecure_channel(target) as ch:
             if kind == "pick":
                 call, msgs = picker_pb2_grpc.EndpointPickerStub(ch).Pick, reqs
             else:
                 call, msgs = (health_pb2_grpc.HealthStub(ch).Check,
                               [health_pb2.HealthCheckRequest()])
-            lat, i, perf = out[k], k, time.perf_counter
-            try:
-                while True:  # at least one call, however late this thread starts
-                    t0 = perf()
-                    call(msgs[i % len(msgs)], timeout=30)
-                    lat.append((perf() - t0) * 1e6)
-                    i += threads
-                    if perf() >= stop:
-                        break
-            except grpc.RpcError as exc:
-                errors.append(exc)
+            i, perf = k, time.perf_counter
+            while True:  # at least one call, however late this thread starts
+                t0 = perf()
+                call(msgs[i % len(msgs)], timeout=30)
+                lat.append((perf() - t0) * 1e6)
+                i += threads
+                if perf() >= stop:
+                    break
 
-    ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errors:
-        raise RuntimeError(f"{kind} failed during the benchmark: {errors[0]}")
-    return [x for lat in out for x in lat]
+    return run_clients(threads, client, kind)
 
 
 async def _stream_phase(target: str, streams: int, window: int, seconds: float,

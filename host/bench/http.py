@@ -24,16 +24,15 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from google.protobuf import json_format
 
 from epick.bench.dataplanes import free_port
-from epick.bench.grpc import Phase, Setup, requests, unary_phase
+from epick.bench.grpc import Phase, Setup, requests, run_clients, unary_phase
 
-__all__ = ["main", "measure", "http_phase"]
+__all__ = ["main", "measure", "http_phase", "run_aiohttp"]
 
 
 class HttpSetup(Setup):
@@ -55,8 +54,6 @@ def http_phase(port: int, threads: int, seconds: float, bodies: list[bytes],
     reading the answer by its Content-Length: http.client writes headers and body
     separately and parses headers in Python, which measured 3-5 ms a call here — the
     client, not the server."""
-    out: list[list[float]] = [[] for _ in range(threads)]
-    errors: list[str] = []
     stop = time.perf_counter() + seconds
     raws = [(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
              f"\r\nContent-Length: {len(b)}\r\n\r\n").encode() + b for b in bodies]
@@ -66,15 +63,15 @@ def http_phase(port: int, threads: int, seconds: float, bodies: list[bytes],
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
-    def worker(k: int) -> None:
+    def client(k: int, lat: list[float]) -> None:
         sock = connect()
-        lat, i, perf = out[k], k, time.perf_counter
+        i, perf = k, time.perf_counter
         try:
             while True:
                 t0 = perf()
                 try:
                     sock.sendall(raws[i % len(raws)])
-                    status, _body = _read_response(sock)
+                    status, body = _read_response(sock)
                 except (ConnectionError, _Closed):
                     # A server ends keep-alive after so many requests (NGINX: 1,000):
                     # reconnect, and time the request again from there.
@@ -82,25 +79,17 @@ def http_phase(port: int, threads: int, seconds: float, bodies: list[bytes],
                     sock = connect()
                     t0 = perf()
                     sock.sendall(raws[i % len(raws)])
-                    status, _body = _read_response(sock)
+                    status, body = _read_response(sock)
                 lat.append((perf() - t0) * 1e6)
                 if status != 200:
-                    errors.append(f"{status} {_body[:200]!r}")
-                    return
+                    raise RuntimeError(f"{status} {body[:200]!r}")
                 i += threads
                 if perf() >= stop:
                     break
         finally:
             sock.close()
 
-    ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errors:
-        raise RuntimeError(f"POST {path} failed during the benchmark: {errors[0]}")
-    return [x for lat in out for x in lat]
+    return run_clients(threads, client, f"POST {path}")
 
 
 class _Closed(Exception):
@@ -108,25 +97,61 @@ class _Closed(Exception):
 
 
 def _read_response(sock: socket.socket) -> tuple[int, bytes]:
+    """One answer: its status and body (by Content-Length, or chunked: Envoy streams a
+    body that passed through ext_proc that way)."""
     buf = b""
     while b"\r\n\r\n" not in buf:
         chunk = sock.recv(65536)
         if not chunk:
             raise _Closed
         buf += chunk
-    head, _, body = buf.partition(b"\r\n\r\n")
+    head, _, rest = buf.partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
-    length = 0
+    length, chunked = 0, False
     for line in lines[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
+        name = name.strip().lower()
+        if name == b"content-length":
             length = int(value)
-    while len(body) < length:
-        chunk = sock.recv(65536)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+    reader = _Reader(sock, rest)
+    if not chunked:
+        return int(lines[0].split()[1]), reader.take(length)
+    parts = []
+    while True:
+        size = int(reader.line().split(b";")[0], 16)
+        if size == 0:
+            while reader.line():  # trailers, then the empty line
+                pass
+            return int(lines[0].split()[1]), b"".join(parts)
+        parts.append(reader.take(size))
+        reader.line()
+
+
+class _Reader:
+    """Exact reads from a socket, after what was already received."""
+
+    def __init__(self, sock: socket.socket, buf: bytes) -> None:
+        self.sock, self.buf = sock, buf
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
         if not chunk:
-            raise RuntimeError("the server closed the connection")
-        body += chunk
-    return int(lines[0].split()[1]), body
+            raise RuntimeError("the server closed the connection mid-answer")
+        self.buf += chunk
+
+    def take(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            self._fill()
+        out, _, self.buf = self.buf.partition(b"\r\n")
+        return out
 
 
 def measure(*, threads: int = 8, seconds: float = 4.0, rounds: int = 4,
@@ -152,13 +177,11 @@ def measure(*, threads: int = 8, seconds: float = 4.0, rounds: int = 4,
             for _ in range(rounds):
                 for mode, n in (("seq", 1), ("par", threads)):
                     for kind in ("grpc", "http"):
-                        ph = phases.setdefault(f"{mode}_{kind}", Phase())
                         t0 = time.perf_counter()
                         lat = (unary_phase(setup.target, "pick", n, per, reqs) if kind == "grpc"
                                else http_phase(setup.http_port, n, per, bodies))
-                        ph.seconds += time.perf_counter() - t0
-                        ph.latencies_us += lat
-                        ph.calls += len(lat)
+                        phases.setdefault(f"{mode}_{kind}", Phase()).record(
+                            lat, time.perf_counter() - t0)
     finally:
         try:
             setup.stop()
@@ -166,99 +189,6 @@ def measure(*, threads: int = 8, seconds: float = 4.0, rounds: int = 4,
             pages.terminate()
             pages.wait(timeout=10)
     return phases
-
-
-# -- through the proxies (--proxies) ----------------------------------------------------
-
-REPLICA_PAGE = (b'vllm:num_requests_running{model_name="base"} 0.0\n'
-                b'vllm:num_requests_waiting{model_name="base"} 0.0\n'
-                b'vllm:kv_cache_usage_perc{model_name="base"} 0.1\n')
-COMPLETION = json.dumps({"object": "text_completion", "choices": [
-    {"index": 0, "text": "hello", "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 10, "completion_tokens": 1}}).encode()
-
-
-def _serve_replica() -> None:
-    """A model server that answers at once: /metrics and POST /v1/completions."""
-    from aiohttp import web
-
-    async def metrics(_request):
-        return web.Response(body=REPLICA_PAGE, content_type="text/plain")
-
-    async def complete(request):
-        await request.read()
-        return web.Response(body=COMPLETION, headers={"Content-Type": "application/json"})
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/v1/completions", complete)
-    _run_aiohttp(lambda: web.AppRunner(app, access_log=None))
-
-
-def _spawn(args: list[str], what: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = proc.stdout.readline()
-    if not line:
-        proc.kill()
-        raise RuntimeError(f"{what} did not start")
-    return proc, line.strip()
-
-
-def measure_proxies(*, seconds: float = 4.0, rounds: int = 4, clients=(1, 8)
-                    ) -> dict[str, dict[int, Phase]]:
-    """NGINX and HAProxy from the committed examples, each routing through epick and
-    round robin (no epick call), alternated in rounds; {path: {clients: Phase}}."""
-    from epick.bench.dataplanes import Proxy
-
-    procs: list[subprocess.Popen] = []
-    proxies: dict[str, Proxy] = {}
-    body = [json.dumps({"model": "base", "prompt": "Say hello. " * 100,
-                        "max_tokens": 1}).encode()]
-    out: dict[str, dict[int, Phase]] = {}
-    try:
-        replica, port = _spawn([sys.executable, "-m", "epick.bench.http", "--serve",
-                                "replica"], "the replica")
-        procs.append(replica)
-        address = f"127.0.0.1:{port}"
-        http_port = free_port()
-        with tempfile.TemporaryDirectory() as tmp:
-            config = Path(tmp) / "epick.toml"
-            config.write_text("\n".join([
-                "version = 1", "[server]", 'listen = "127.0.0.1:0"', 'metrics_listen = ""',
-                "[admin]", 'listen = ""', "[http]", f'listen = "127.0.0.1:{http_port}"',
-                "[openai]", 'base_model = "base"', "[pool]", "scrape_interval_ms = 50",
-                "[[pool.endpoints]]", f'address = "{address}"',
-                *(f'[[policies]]\nname = "{p}"\nmodule = "{p}"'
-                  for p in ("load", "prefix-cache", "lora-affinity"))]) + "\n")
-            epick, line = _spawn([sys.executable, "-m", "epick.cli", "--log-level", "WARNING",
-                                  "serve", "--config", str(config)], "epick serve")
-            procs.append(epick)
-            if "serving Pick on" not in line:
-                raise RuntimeError(f"epick serve did not start: {line!r}")
-            for kind in ("nginx", "haproxy"):
-                for routed in (False, True):
-                    name = f"{kind} + epick" if routed else f"{kind} round robin"
-                    proxies[name] = Proxy(kind, epick_http_port=http_port, replicas=[address],
-                                          epick=routed).start()
-            for p in proxies.values():
-                http_phase(p.port, 1, 0.2, body, "/v1/completions")  # warm, and check
-            per = seconds / rounds
-            for _ in range(rounds):
-                for n in clients:
-                    for name, p in proxies.items():
-                        ph = out.setdefault(name, {}).setdefault(n, Phase())
-                        t0 = time.perf_counter()
-                        lat = http_phase(p.port, n, per, body, "/v1/completions")
-                        ph.seconds += time.perf_counter() - t0
-                        ph.latencies_us += lat
-                        ph.calls += len(lat)
-    finally:
-        for p in proxies.values():
-            p.stop()
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=10)
-    return out
 
 
 # -- the server candidates (--servers) ------------------------------------------------
@@ -276,7 +206,7 @@ def _serve_aiohttp_app() -> None:
 
     app = web.Application()
     app.router.add_post("/v1/pick", pick)
-    _run_aiohttp(lambda: web.AppRunner(app, access_log=None))
+    run_aiohttp(lambda: web.AppRunner(app, access_log=None))
 
 
 def _serve_aiohttp_lowlevel() -> None:
@@ -286,10 +216,10 @@ def _serve_aiohttp_lowlevel() -> None:
         await request.read()
         return web.Response(body=ANSWER, headers={"Content-Type": "application/json"})
 
-    _run_aiohttp(lambda: web.ServerRunner(web.Server(pick, access_log=None)))
+    run_aiohttp(lambda: web.ServerRunner(web.Server(pick, access_log=None)))
 
 
-def _run_aiohttp(make_runner) -> None:
+def run_aiohttp(make_runner) -> None:
     import asyncio
 
     from aiohttp import web
@@ -297,7 +227,7 @@ def _run_aiohttp(make_runner) -> None:
     async def main() -> None:
         runner = make_runner()  # (web.Server wants the running loop)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
         await site.start()
         print(site._server.sockets[0].getsockname()[1], flush=True)
         await asyncio.Event().wait()
@@ -341,8 +271,7 @@ def _serve_asyncio_raw() -> None:
     asyncio.run(main())
 
 
-SERVERS = {"replica": _serve_replica,
-           "aiohttp (web.Application)": _serve_aiohttp_app,
+SERVERS = {"aiohttp (web.Application)": _serve_aiohttp_app,
            "aiohttp (low-level web.Server)": _serve_aiohttp_lowlevel,
            "asyncio Protocol, hand parser (floor)": _serve_asyncio_raw}
 
@@ -351,8 +280,6 @@ def measure_servers(*, seconds: float = 2.0, threads: int = 8) -> dict[str, dict
     body = [json.dumps({"model": "llama", "prompt": "hi"}).encode()]
     out = {}
     for name in SERVERS:
-        if name == "replica":
-            continue
         proc = subprocess.Popen([sys.executable, "-m", "epick.bench.http", "--serve", name],
                                 stdout=subprocess.PIPE, text=True)
         try:
@@ -360,11 +287,10 @@ def measure_servers(*, seconds: float = 2.0, threads: int = 8) -> dict[str, dict
             http_phase(port, 1, 0.2, body)
             out[name] = {}
             for mode, n in (("seq", 1), ("par", threads)):
-                ph = out[name][mode] = Phase()
                 t0 = time.perf_counter()
-                ph.latencies_us = http_phase(port, n, seconds, body)
-                ph.seconds = time.perf_counter() - t0
-                ph.calls = len(ph.latencies_us)
+                lat = http_phase(port, n, seconds, body)
+                out[name][mode] = ph = Phase()
+                ph.record(lat, time.perf_counter() - t0)
         finally:
             proc.terminate()
             proc.wait(timeout=10)
@@ -379,30 +305,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--servers", action="store_true",
                     help="measure the candidate HTTP servers instead")
     ap.add_argument("--proxies", action="store_true",
-                    help="the latency NGINX and HAProxy add with epick vs round robin")
+                    help="the latency NGINX and HAProxy add with epick vs round robin "
+                         "(`epick bench dataplanes --only nginx,haproxy`)")
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args(argv)
     if args.serve:
         SERVERS[args.serve]()
         return 0
-    if args.proxies:
-        res = measure_proxies(seconds=args.seconds, rounds=args.rounds,
-                              clients=(1, args.threads))
-        print(f"{'path':22} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} "
-              f"{'added p50 / p99 ms':>20}")
-        doc = {}
-        for name, by_n in res.items():
-            for n, ph in by_n.items():
-                added = ""
-                if name.endswith("+ epick"):
-                    base = res[name.replace("+ epick", "round robin")][n]
-                    added = f"{(ph.p50 - base.p50) / 1e3:.2f} / {(ph.p99 - base.p99) / 1e3:.2f}"
-                print(f"{name:22} {n:7} {ph.p50 / 1e3:8.2f} {ph.p99 / 1e3:8.2f} "
-                      f"{ph.rate:7.0f} {added:>20}")
-                doc[f"{name} @{n}"] = {"p50_ms": ph.p50 / 1e3, "p99_ms": ph.p99 / 1e3,
-                                       "req_per_s": ph.rate}
-    elif args.servers:
+    if args.proxies:  # the older home of `epick bench dataplanes` (NGINX and HAProxy)
+        from epick.bench import proxies
+
+        return proxies.main(["--seconds", str(args.seconds), "--rounds", str(args.rounds),
+                             "--clients", f"1,{args.threads}", "--only", "nginx,haproxy",
+                             *(["--json", str(args.json)] if args.json else [])])
+    if args.servers:
         res = measure_servers(seconds=args.seconds, threads=args.threads)
         print(f"{'server':40} {'p50 µs (1 client)':>18} {'p99 µs':>8} "
               f"{'calls/s (' + str(args.threads) + ' clients)':>22}")

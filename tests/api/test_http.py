@@ -128,6 +128,9 @@ def test_v1_completion_reports_a_decision_once(fake_vllm, http):
     assert (first.status_code, first.json()) == (200, {"known": True})
     assert (again.status_code, again.json()) == (200, {})  # known=false: grpcurl prints {}
     assert svc.call(lambda: svc.service.scheduler.pending_decisions) == 0
+    minimal = client.post("/v1/completion", json={"decisionId": decision},
+                          headers={"Prefer": "return=minimal"})
+    assert (minimal.status_code, minimal.content) == (204, b"")
     empty = client.post("/v1/completion", json={})
     assert empty.status_code == 400
     assert empty.json()["message"] == (

@@ -12,7 +12,9 @@ Fixtures:
 
 from __future__ import annotations
 
+import socket
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -27,12 +29,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "envoy"))
 from replica import replicas_fixture  # noqa: E402, F401  (the Envoy tests' replica fixture, shared)
 
 
+def _listening(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _fresh(svc) -> set[str]:
+    view = svc.call(svc.service.scheduler.current_view)
+    return {view.addresses[i] for i in view.fresh}
+
+
 @pytest.fixture
 def epick(tmp_path) -> Iterator:
-    """``epick(addresses, **openai)``: a running service (tests/epick_service.py)."""
+    """``epick(addresses, **openai)``: a running service (tests/epick_service.py), returned
+    once every address that accepts connections is fresh in its pool: a test's first
+    request must not race the first scrape (on a loaded machine it can take seconds)."""
     with ExitStack() as stack:
-        yield lambda addresses, **kw: stack.enter_context(
-            running(make_config(addresses, tmp_path, **kw)))
+        def start(addresses, **kw):
+            svc = stack.enter_context(running(make_config(addresses, tmp_path, **kw)))
+            live = {a for a in addresses if _listening(a)}
+            deadline = time.monotonic() + 15
+            while not live <= _fresh(svc) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return svc
+        yield start
 
 
 @pytest.fixture(params=sorted(KINDS))

@@ -3,28 +3,21 @@ where epick's HTTP API says — the routing tests tests/envoy runs for Envoy."""
 
 from __future__ import annotations
 
-import json
-import time
-
 import httpx
 import pytest
 from dataplane_config import make_config
 from epick_service import running, spy_complete
 from fakes import vllm_page
-
-BUSY = vllm_page(waiting=40, running=20, kv=0.95)
-IDLE = vllm_page(waiting=0, running=0, kv=0.05)
-
-
-def completion(model: str = "base", **extra) -> dict:
-    return {"model": model, "prompt": "Say hello to the proxy", "max_tokens": 5, **extra}
-
-
-def wait_for(predicate, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return predicate()
+from proxy_checks import (
+    BUSY,
+    IDLE,
+    assert_adapter_requests_land_on,
+    assert_sheddable_is_shed,
+    assert_stream_passes_event_by_event,
+    assert_usage_and_ttft_reported,
+    completion,
+    wait_for,
+)
 
 
 def test_requests_land_on_the_endpoint_epick_chose(replicas, epick, proxy):
@@ -56,12 +49,7 @@ def test_an_adapter_request_goes_to_the_replica_that_has_it_loaded(replicas, epi
     without = replicas(1, vllm_page(running_adapters="", max_lora=2))[0]
     addresses = [with_adapter.address, without.address]
     p = proxy(epick(addresses, policies=("lora-affinity", "load")), addresses)
-    with httpx.Client(base_url=p.url, timeout=10) as client:
-        for _ in range(5):
-            resp = client.post("/v1/completions", json=completion("sql-lora"))
-            assert resp.status_code == 200, resp.text
-            assert resp.headers["x-served-by"] == with_adapter.address
-    assert [body["model"] for _p, _h, body in with_adapter.requests] == ["sql-lora"] * 5
+    assert_adapter_requests_land_on(p.url, with_adapter)
 
 
 def test_a_repeated_prompt_sticks_to_its_replica(replicas, epick, proxy):
@@ -80,17 +68,7 @@ def test_a_sheddable_request_is_shed_with_429_when_every_replica_is_saturated(
     saturated = replicas(2, BUSY)
     addresses = [r.address for r in saturated]
     p = proxy(epick(addresses), addresses)
-    with httpx.Client(base_url=p.url, timeout=10) as client:
-        shed = client.post("/v1/completions", json=completion(),
-                           headers={"x-criticality": "sheddable"})
-        standard = client.post("/v1/completions", json=completion())
-    assert shed.status_code == 429, shed.text
-    assert shed.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
-    assert shed.json()["error"]["type"] == "rate_limit_exceeded"
-    assert shed.json()["error"]["message"] == (
-        "epick: SHEDDABLE request shed: every endpoint is over the admission thresholds "
-        "(queue <= 5, kv <= 0.8)")
-    assert standard.status_code == 200
+    assert_sheddable_is_shed(p.url)
     assert all(len(r.requests) <= 1 for r in saturated)
 
 
@@ -121,24 +99,7 @@ def test_a_malformed_request_is_a_400_and_reaches_no_replica(replicas, epick, pr
 def test_a_streamed_answer_passes_through_event_by_event(replicas, epick, proxy):
     (replica,) = replicas(1, IDLE, chunks=4, chunk_delay_s=0.3)
     p = proxy(epick([replica.address]), [replica.address])
-    arrivals, events = [], []
-    with httpx.Client(base_url=p.url, timeout=10) as client:
-        with client.stream("POST", "/v1/completions", json=completion(stream=True)) as resp:
-            assert resp.status_code == 200
-            assert resp.headers["content-type"] == "text/event-stream"
-            pending = b""
-            for chunk in resp.iter_raw():
-                pending += chunk
-                *complete, pending = pending.split(b"\n\n")
-                for event in complete:
-                    arrivals.append(time.time())
-                    events.append(event.decode().removeprefix("data: "))
-    docs = [json.loads(e) for e in events[:-1]]
-    assert [d["choices"][0]["text"] for d in docs] == ["t0", "t1", "t2", "t3"]
-    assert events[-1] == "[DONE]"
-    # Each event reached the client before the replica wrote the next (0.3 s apart).
-    sent = [d["sent_at"] for d in docs]
-    assert all(got < next_sent for got, next_sent in zip(arrivals, sent[1:])), (arrivals, sent)
+    assert_stream_passes_event_by_event(p.url)
 
 
 def test_a_killed_replica_sends_requests_to_the_fallback(replicas, epick, proxy):
@@ -227,9 +188,48 @@ def test_the_committed_examples_are_valid_and_keep_their_addresses(proxy_kind):
     result = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     text = (folder / name).read_text()
-    assert listen in text and "http://127.0.0.1:9005/v1/route" in text
+    assert listen in text and "127.0.0.1:9005" in text and "/v1/route" in text
     config = cfg.load(folder / "epick.toml")
     envoy = cfg.load(folder.parent / "envoy" / "epick.toml")
     assert config.http.listen == "127.0.0.1:9005"
     assert config.openai.base_model == envoy.openai.base_model
     assert [e.address for e in config.pool.endpoints] == ["127.0.0.1:8001", "127.0.0.1:8002"]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["sse", "json"])
+def test_usage_and_ttft_are_read_from_the_answer_and_reported(replicas, epick, proxy, stream):
+    # The answer starts 0.2 s after the request: the TTFT cannot be less.
+    (replica,) = replicas(1, IDLE, chunks=3, chunk_delay_s=0.05, delay_s=0.2)
+    svc = epick([replica.address])
+    seen = spy_complete(svc)
+    p = proxy(svc, [replica.address])
+    assert_usage_and_ttft_reported(p.url, seen, stream=stream, ttft_at_least_s=0.2)
+
+
+def test_a_fallback_that_served_is_reported_as_the_endpoint(replicas, epick, proxy):
+    first, second = replicas(2, IDLE)
+    addresses = [first.address, second.address]
+    svc = epick(addresses, server={"fallbacks": 1})
+    seen = spy_complete(svc)
+    p = proxy(svc, addresses)
+    first.stop()
+    with httpx.Client(base_url=p.url, timeout=10) as client:
+        for _ in range(4):
+            assert client.post("/v1/completions", json=completion()).status_code == 200
+    assert wait_for(lambda: len(seen) == 4)
+    assert {(kw["endpoint"], kw["status"]) for kw in seen} == {(second.address, 0)}
+    assert svc.call(lambda: svc.service.scheduler.pending_decisions) == 0
+
+
+@pytest.mark.parametrize("proxy_kind", ["haproxy"])
+def test_a_client_that_leaves_mid_stream_is_reported_cancelled(replicas, epick, proxy):
+    (replica,) = replicas(1, IDLE, chunks=30, chunk_delay_s=0.1)
+    svc = epick([replica.address])
+    seen = spy_complete(svc)
+    p = proxy(svc, [replica.address])
+    with httpx.Client(base_url=p.url, timeout=10) as client:
+        with client.stream("POST", "/v1/completions", json=completion(stream=True)) as resp:
+            assert resp.status_code == 200
+            next(resp.iter_raw())  # the first token, then the client hangs up
+    assert wait_for(lambda: seen)
+    assert [kw["status"] for kw in seen] == [2]  # CANCELLED

@@ -18,13 +18,16 @@ import pytest
 from envoy_harness import EXAMPLES, find_envoy
 from epick_service import spy_complete
 from fakes import vllm_page
-
-BUSY = vllm_page(waiting=40, running=20, kv=0.95)
-IDLE = vllm_page(waiting=0, running=0, kv=0.05)
-
-
-def completion(model: str = "base", **extra) -> dict:
-    return {"model": model, "prompt": "Say hello to the proxy", "max_tokens": 5, **extra}
+from proxy_checks import (
+    BUSY,
+    IDLE,
+    assert_adapter_requests_land_on,
+    assert_sheddable_is_shed,
+    assert_stream_passes_event_by_event,
+    assert_usage_and_ttft_reported,
+    completion,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -118,25 +121,7 @@ def test_a_malformed_request_is_a_400_with_a_json_error(stack, body, headers, me
 def test_a_streamed_answer_passes_through_event_by_event(replicas, epick, envoy):
     (replica,) = replicas(1, IDLE, chunks=4, chunk_delay_s=0.3)
     proxy = envoy(epick([replica.address]).ext_proc_port, [replica.address])
-    arrivals, events = [], []
-    with httpx.Client(base_url=proxy.url, timeout=10) as client:
-        with client.stream("POST", "/v1/completions", json=completion(stream=True)) as resp:
-            assert resp.status_code == 200
-            assert resp.headers["content-type"] == "text/event-stream"
-            pending = b""
-            for chunk in resp.iter_raw():  # (iter_lines holds a line back until the next one)
-                pending += chunk
-                *complete, pending = pending.split(b"\n\n")
-                for event in complete:
-                    arrivals.append(time.time())
-                    events.append(event.decode().removeprefix("data: "))
-    docs = [json.loads(e) for e in events[:-1]]
-    assert [d["choices"][0]["text"] for d in docs] == ["t0", "t1", "t2", "t3"]
-    assert events[-1] == "[DONE]"
-    # Each event reached the client before the replica even wrote the next one (they are
-    # 0.3 s apart): nothing on the way buffers the stream.
-    sent = [d["sent_at"] for d in docs]
-    assert all(got < next_sent for got, next_sent in zip(arrivals, sent[1:])), (arrivals, sent)
+    assert_stream_passes_event_by_event(proxy.url)
 
 
 def test_an_adapter_request_goes_to_the_replica_that_has_it_loaded(replicas, epick, envoy):
@@ -144,12 +129,7 @@ def test_an_adapter_request_goes_to_the_replica_that_has_it_loaded(replicas, epi
     without = replicas(1, vllm_page(running_adapters="", max_lora=2))[0]
     addresses = [with_adapter.address, without.address]
     proxy = envoy(epick(addresses, policies=("lora-affinity", "load")).ext_proc_port, addresses)
-    with httpx.Client(base_url=proxy.url, timeout=10) as client:
-        for _ in range(5):
-            resp = client.post("/v1/completions", json=completion("sql-lora"))
-            assert resp.status_code == 200
-            assert resp.headers["x-served-by"] == with_adapter.address
-    assert [body["model"] for _p, _h, body in with_adapter.requests] == ["sql-lora"] * 5
+    assert_adapter_requests_land_on(proxy.url, with_adapter)
 
 
 def test_a_sheddable_request_is_shed_with_429_when_every_replica_is_saturated(
@@ -157,17 +137,7 @@ def test_a_sheddable_request_is_shed_with_429_when_every_replica_is_saturated(
     saturated = replicas(2, BUSY)
     addresses = [r.address for r in saturated]
     proxy = envoy(epick(addresses).ext_proc_port, addresses)
-    with httpx.Client(base_url=proxy.url, timeout=10) as client:
-        shed = client.post("/v1/completions", json=completion(),
-                           headers={"x-criticality": "sheddable"})
-        standard = client.post("/v1/completions", json=completion())
-    assert shed.status_code == 429
-    assert shed.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
-    assert shed.json()["error"]["type"] == "rate_limit_exceeded"
-    assert shed.json()["error"]["message"] == (
-        "epick: SHEDDABLE request shed: every endpoint is over the admission thresholds "
-        "(queue <= 5, kv <= 0.8)")
-    assert standard.status_code == 200
+    assert_sheddable_is_shed(proxy.url)
 
 
 def test_no_fresh_replica_is_a_503(replicas, epick, envoy):
@@ -225,13 +195,6 @@ def test_a_body_near_the_limit_is_routed_and_a_larger_one_is_413(stack, envoy_mo
             "request body too large: over epick's limit of 4194304 bytes "
             "([ext_proc] max_body_bytes)")
     assert sum(len(r.requests) for r in idle) == 1
-
-
-def wait_for(predicate, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return predicate()
 
 
 
@@ -370,17 +333,4 @@ def test_usage_and_ttft_are_read_from_the_answer_and_reported(replicas, epick, e
     svc = epick([replica.address])
     seen = spy_complete(svc)
     proxy = envoy(svc.ext_proc_port, [replica.address])
-    body = completion(prompt="one two three four five", stream=stream)
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    with httpx.Client(base_url=proxy.url, timeout=10) as client:
-        resp = client.post("/v1/completions", json=body)
-    assert resp.status_code == 200
-    assert wait_for(lambda: seen)
-    (kw,) = seen
-    assert (kw["status"], kw["prompt_tokens"], kw["completion_tokens"]) == (
-        0, 5, 3 if stream else 1)
-    if stream:
-        assert 0 < kw["ttft_s"] < 10
-    else:
-        assert kw["ttft_s"] is None
+    assert_usage_and_ttft_reported(proxy.url, seen, stream=stream)

@@ -3,44 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import select
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
-
-SIM_MODEL = "sim-base"
+from sim_fleet import SIM_MODEL
+from sim_fleet import sim_fleet as start_sim_fleet
 
 
 @pytest.fixture
 def sim_fleet():
-    """Three simulated replicas (real-time driver) in a child process; their addresses."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "epick.sim", "serve", "--replicas", "3", "--adapters", "4",
-         "--max-lora", "2"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL)
-    try:
-        addresses: list[str] = []
-        buf = b""
-        deadline = time.monotonic() + 30
-        while len(addresses) < 3:
-            left = deadline - time.monotonic()
-            assert left > 0 and proc.poll() is None, "the simulated fleet did not start"
-            if select.select([proc.stdout], [], [], left)[0]:
-                buf += os.read(proc.stdout.fileno(), 4096)
-                *lines, buf = buf.split(b"\n")
-                addresses += [ln.split()[1].decode() for ln in lines if ln.startswith(b"READY ")]
+    """Three simulated replicas (tests/sim_fleet.py); their addresses."""
+    with start_sim_fleet(3) as addresses:
         yield addresses
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def test_streamed_requests_reach_the_simulated_replica_epick_chose(sim_fleet, epick, envoy):
