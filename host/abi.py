@@ -190,7 +190,7 @@ class Describe(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     version: str = "0.0.0"
     kind: str = "custom"
-    """lora-affinity | prefix-cache | load | legacy-v1 | precise-prefix | custom"""
+    """lora-affinity | prefix-cache | load | legacy-v1 | precise-prefix | latency | custom"""
     params: dict[str, object] = {}
     """The defaults of every parameter ``init`` accepts."""
 
