@@ -33,14 +33,21 @@
 //!   TPOT SLO s':       the same with p, p_min and s'; with both SLOs the smaller
 //! (t_min, p_min over the candidates not held back by `probe_inflight`; those score 0).
 //! An SLO no candidate is predicted to meet is dropped for that request (with a TPOT SLO
-//! alone, by p_min / p; else t_min / t): the tiers would only halve the spread.
-//! so a candidate that meets the SLO always outranks one that misses it, and among those
-//! that meet it, the more headroom the better.
+//! alone, by p_min / p; else t_min / t): the tiers would only halve the spread. A
+//! candidate that meets the SLO always outranks one that misses it; among those that meet
+//! it, the faster the better.
+//!
+//! Sessions (`Request.session_id`): "sticky until saturated" — a request of a session
+//! stays on the endpoint its session was last picked for (1 there, the others' scores
+//! halved) while that endpoint's predicted TTFT is within `session_penalty_ms` of the best
+//! candidate's; beyond it the session lets go (scored as any request, and re-homed where
+//! it is picked).
 //!
 //! State (export_state / import_state: hot swaps keep the model): [1, pooled TTFT model,
-//! pooled TPOT model, [[address, TTFT model, TPOT model]…]], a model = [n, [θ…], [P…]]
-//! (P row-major). Picks awaiting their completion are not exported (a swap loses their
-//! samples, nothing else).
+//! pooled TPOT model, [[address, TTFT model, TPOT model]…], [[session, address]…]], a
+//! model = [n, [θ…], [P…]] (P row-major); a state without the sessions is accepted.
+//! Picks awaiting their completion are not exported (a swap loses their samples, nothing
+//! else).
 
 const std = @import("std");
 const sdk = @import("epick");
@@ -72,6 +79,13 @@ pub const Params = struct {
     max_pending: i64 = 65536,
     /// A pick whose completion has not come after this long is forgotten.
     pending_ttl_ms: i64 = 600_000,
+    /// Sessions ("sticky until saturated"): a request with a `session_id` stays on the
+    /// endpoint its session was last sent to while that endpoint's predicted TTFT is at
+    /// most this much above the best candidate's (then it scores 1 and the others half
+    /// their score); beyond it, the session lets go and is scored like any request.
+    session_penalty_ms: f64 = 200.0,
+    /// Sessions remembered; beyond it the first-seen is forgotten.
+    max_sessions: i64 = 65536,
 
     pub fn check(p: *const Params) sdk.Error!void {
         if (!(p.forgetting > 0.5 and p.forgetting <= 1.0)) return sdk.fail("param 'forgetting': {d} is not in (0.5, 1]", .{p.forgetting});
@@ -81,6 +95,8 @@ pub const Params = struct {
         if (!(p.prior_tpot_ms >= 0 and p.prior_tpot_ms < inf)) return sdk.fail("param 'prior_tpot_ms': {d} must be a finite number >= 0", .{p.prior_tpot_ms});
         if (p.probe_inflight < 0 or p.probe_inflight > 1 << 20) return sdk.fail("param 'probe_inflight': {d} is not in [0, 1048576]", .{p.probe_inflight});
         if (p.max_pending < 1 or p.max_pending > 1 << 20) return sdk.fail("param 'max_pending': {d} is not in [1, 1048576]", .{p.max_pending});
+        if (!(p.session_penalty_ms >= 0 and p.session_penalty_ms < inf)) return sdk.fail("param 'session_penalty_ms': {d} must be a finite number >= 0", .{p.session_penalty_ms});
+        if (p.max_sessions < 0 or p.max_sessions > 1 << 20) return sdk.fail("param 'max_sessions': {d} is not in [0, 1048576]", .{p.max_sessions});
         if (p.pending_ttl_ms < 1) return sdk.fail("param 'pending_ttl_ms': {d} must be >= 1", .{p.pending_ttl_ms});
     }
 };
@@ -221,6 +237,8 @@ var models: std.StringArrayHashMapUnmanaged(Model) = .empty;
 /// Per request id (owned keys), in pick order.
 var pending: std.StringArrayHashMapUnmanaged(Pending) = .empty;
 var latest_ms: i64 = 0;
+/// Session id -> the endpoint it was last picked for (owned keys and values), first-seen order.
+var sessions: std.StringArrayHashMapUnmanaged([]u8) = .empty;
 
 // The last `score` call: its request id and each candidate's features, so that the
 // pre_request that follows it records what the picked candidate looked like.
@@ -244,6 +262,11 @@ fn clearState() void {
         gpa.free(v.address);
     }
     pending.clearAndFree(gpa);
+    for (sessions.keys(), sessions.values()) |k, v| {
+        gpa.free(k);
+        gpa.free(v);
+    }
+    sessions.clearAndFree(gpa);
     clearLast();
     latest_ms = 0;
     pooled = .{ .ttft = Ttft.init(priorTtft()), .tpot = Tpot.init(priorTpot()) };
@@ -370,10 +393,49 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
         if (slo_p > 0) s = @min(s, headroom(p[i], p_min, slo_p));
         o.* = s;
     }
+    stick(ctx, out, t, t_min, full);
+}
+
+/// Sticky until saturated: keep a session on its endpoint while the predicted TTFT there
+/// is within `session_penalty_ms` of the best candidate's.
+fn stick(ctx: *const sdk.ScoreCtx, out: []f64, t: []const f64, t_min: f64, full: []const bool) void {
+    const sid = ctx.request.session_id;
+    if (sid.len == 0) return;
+    const home = sessions.get(sid) orelse return;
+    for (0..out.len) |i| {
+        if (full[i] or !std.mem.eql(u8, ctx.endpoint(i).address, home)) continue;
+        if (t[i] - t_min > cfg.session_penalty_ms) return; // saturated: let go
+        for (out, 0..) |*o, j| o.* = if (j == i) 1.0 else o.* * 0.5;
+        return;
+    }
+}
+
+fn rememberSession(sid: []const u8, endpoint: []const u8) sdk.Error!void {
+    if (cfg.max_sessions == 0) return;
+    if (sessions.getPtr(sid)) |v| {
+        if (std.mem.eql(u8, v.*, endpoint)) return;
+        const copy = try gpa.dupe(u8, endpoint);
+        gpa.free(v.*);
+        v.* = copy;
+        return;
+    }
+    while (sessions.count() >= cfg.max_sessions) {
+        const k = sessions.keys()[0];
+        const v = sessions.values()[0];
+        sessions.orderedRemoveAt(0);
+        gpa.free(k);
+        gpa.free(v);
+    }
+    const key = try gpa.dupe(u8, sid);
+    errdefer gpa.free(key);
+    const value = try gpa.dupe(u8, endpoint);
+    errdefer gpa.free(value);
+    try sessions.put(gpa, key, value);
 }
 
 pub fn preRequest(ev: *const sdk.PreRequest) sdk.Error!void {
     latest_ms = @max(latest_ms, ev.timestamp_ms);
+    if (ev.request.session_id.len > 0) try rememberSession(ev.request.session_id, ev.endpoint);
     const id = ev.request.request_id;
     if (id.len == 0 or !std.mem.eql(u8, id, last_id.items)) return;
     for (last_addr.items, last_feat.items) |a, f| {
@@ -446,7 +508,7 @@ pub fn postResponse(ev: *const sdk.PostResponse) sdk.Error!void {
 }
 
 pub fn exportState(w: *sdk.Writer) sdk.Error!void {
-    try w.arrayHeader(4);
+    try w.arrayHeader(5);
     try w.int(state_format);
     try pooled.ttft.write(w);
     try pooled.tpot.write(w);
@@ -457,11 +519,18 @@ pub fn exportState(w: *sdk.Writer) sdk.Error!void {
         try m.ttft.write(w);
         try m.tpot.write(w);
     }
+    try w.arrayHeader(@intCast(sessions.count()));
+    for (sessions.keys(), sessions.values()) |k, v| {
+        try w.arrayHeader(2);
+        try w.str(k);
+        try w.str(v);
+    }
 }
 
 pub fn importState(r: *sdk.Reader) sdk.Error!void {
     clearState();
-    try fixedArray(r, "latency state", 4);
+    const elements = try r.arrayLen("latency state");
+    if (elements != 4 and elements != 5) return sdk.fail("latency state has {d} elements, not 4 or 5", .{elements});
     const fmt = try r.int("latency state format");
     if (fmt != state_format) return sdk.fail("latency state format {d} is not {d}", .{ fmt, state_format });
     pooled.ttft = try Ttft.read(r, "latency state pooled TTFT model");
@@ -472,6 +541,13 @@ pub fn importState(r: *sdk.Reader) sdk.Error!void {
         const m = try modelOf(try r.str("latency state endpoint address"));
         m.ttft = try Ttft.read(r, "latency state endpoint TTFT model");
         m.tpot = try Tpot.read(r, "latency state endpoint TPOT model");
+    }
+    if (elements < 5) return; // a state from before sessions
+    const ns = try r.arrayLen("latency state sessions");
+    for (0..ns) |_| {
+        try fixedArray(r, "latency state session", 2);
+        const sid = try r.str("latency state session id");
+        try rememberSession(sid, try r.str("latency state session endpoint"));
     }
 }
 

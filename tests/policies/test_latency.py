@@ -115,3 +115,13 @@ def test_tpot_is_learnt_from_the_end_to_end_time(policy):
     # an SLO nobody meets ranks by the prediction alone: 10/30
     s = score(inst, [0, 1], request_id="q", prompt_tokens=500, slo_tpot_ms=5)
     assert s[0] == pytest.approx(1.0) and s[1] == pytest.approx(10 / 30, rel=0.01)
+
+
+def test_a_state_from_before_sessions_is_accepted(policy):
+    old = policy("latency")
+    teach(old, 10)
+    state = msgspec.msgpack.decode(old.export_state())
+    assert len(state) == 5 and state[4] == []
+    new = policy("latency")
+    new.import_state(msgspec.msgpack.encode(state[:4]))
+    assert new.export_state() == old.export_state()
