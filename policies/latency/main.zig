@@ -243,7 +243,10 @@ var sessions: std.StringArrayHashMapUnmanaged([]u8) = .empty;
 // The last `score` call: its request id and each candidate's features, so that the
 // pre_request that follows it records what the picked candidate looked like.
 var last_id: std.ArrayList(u8) = .empty;
-var last_addr: std.ArrayList([]u8) = .empty;
+/// The candidates' addresses, back to back in one reused buffer (no allocation per call):
+/// candidate i's is last_bytes[last_end[i-1]..last_end[i]].
+var last_bytes: std.ArrayList(u8) = .empty;
+var last_end: std.ArrayList(u32) = .empty;
 var last_feat: std.ArrayList(Features) = .empty;
 
 fn priorTtft() [Ttft.dim]f64 {
@@ -273,8 +276,8 @@ fn clearState() void {
 }
 
 fn clearLast() void {
-    for (last_addr.items) |a| gpa.free(a);
-    last_addr.clearRetainingCapacity();
+    last_bytes.clearRetainingCapacity();
+    last_end.clearRetainingCapacity();
     last_feat.clearRetainingCapacity();
     last_id.clearRetainingCapacity();
 }
@@ -344,7 +347,7 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
     clearLast();
     try last_id.appendSlice(gpa, ctx.request.request_id);
     try last_feat.ensureTotalCapacity(gpa, out.len);
-    try last_addr.ensureTotalCapacity(gpa, out.len);
+    try last_end.ensureTotalCapacity(gpa, out.len);
     const t = try sdk.scratch().alloc(f64, out.len);
     const p = try sdk.scratch().alloc(f64, out.len);
     var t_min: f64 = inf;
@@ -371,7 +374,8 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
         }
         f.predicted_ms = t[i];
         last_feat.appendAssumeCapacity(f);
-        last_addr.appendAssumeCapacity(try gpa.dupe(u8, address));
+        try last_bytes.appendSlice(gpa, address);
+        last_end.appendAssumeCapacity(@intCast(last_bytes.items.len));
     }
     var slo_t: f64 = @floatFromInt(@max(ctx.request.slo_ttft_ms, 0));
     var slo_p: f64 = @floatFromInt(@max(ctx.request.slo_tpot_ms, 0));
@@ -438,7 +442,10 @@ pub fn preRequest(ev: *const sdk.PreRequest) sdk.Error!void {
     if (ev.request.session_id.len > 0) try rememberSession(ev.request.session_id, ev.endpoint);
     const id = ev.request.request_id;
     if (id.len == 0 or !std.mem.eql(u8, id, last_id.items)) return;
-    for (last_addr.items, last_feat.items) |a, f| {
+    var start: u32 = 0;
+    for (last_end.items, last_feat.items) |end, f| {
+        const a = last_bytes.items[start..end];
+        start = end;
         if (!std.mem.eql(u8, a, ev.endpoint)) continue;
         try remember(id, ev.endpoint, f, ev.timestamp_ms);
         return;
