@@ -92,7 +92,8 @@ def _deliver(driver: Driver, ev, version: int) -> tuple[int, abi.Snapshot | None
     elif isinstance(ev, PostResponse):
         driver.post_response(abi.PostResponseEvent(
             request_id=ev.request_id, adapter=ev.adapter, endpoint=ev.endpoint,
-            status=ev.status, timestamp_ms=ev.timestamp_ms, model=ev.model))
+            status=ev.status, timestamp_ms=ev.timestamp_ms, model=ev.model, ttft_ms=ev.ttft_ms,
+            prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens))
     return version, None
 
 

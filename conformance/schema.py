@@ -64,7 +64,8 @@ __all__ = [
 ]
 
 #: The policy kinds ``describe`` may report; ``custom`` has no built-in vectors.
-KINDS = ("lora-affinity", "prefix-cache", "load", "legacy-v1", "precise-prefix", "custom")
+KINDS = ("lora-affinity", "prefix-cache", "load", "legacy-v1", "precise-prefix", "latency",
+         "custom")
 #: What a vector file may be for: a policy kind, or ``host`` — host-stage cases only,
 #: checking the host itself (no module under test).
 FILE_KINDS = (*KINDS, "host")
@@ -103,6 +104,10 @@ class Request(_Table, kw_only=True):
     """u64 in the ABI; TOML integers stop at 2**63 - 1."""
     cache_salt: str = ""
     headers: dict[str, str] = {}
+    slo_ttft_ms: NonNegInt = 0
+    slo_tpot_ms: NonNegInt = 0
+    prompt_tokens: NonNegInt = 0
+    session_id: str = ""
 
 
 class Snapshot(_Table, kw_only=True):
@@ -136,6 +141,10 @@ class PostResponse(_Table, tag_field="event", tag="post_response", kw_only=True)
     status: Annotated[int, msgspec.Meta(ge=0, le=2)] = abi.CompletionStatus.OK
     timestamp_ms: NonNegInt = 0
     model: str = ""
+    ttft_ms: float = -1.0
+    """The measured TTFT in ms; -1 = not reported."""
+    prompt_tokens: int = -1
+    completion_tokens: int = -1
 
 
 Event = SnapshotEvent | PreRequest | PostResponse
@@ -450,7 +459,8 @@ def _check_expect(where: str, e: Expect, n: int) -> None:
 class VectorFile(_Table, kw_only=True):
     """One TOML file of cases for one policy kind."""
 
-    kind: Literal["lora-affinity", "prefix-cache", "load", "legacy-v1", "precise-prefix", "custom",
+    kind: Literal["lora-affinity", "prefix-cache", "load", "legacy-v1", "precise-prefix", "latency",
+                  "custom",
                   "host"]
     description: str = ""
     params: dict[str, Any] = {}

@@ -102,6 +102,18 @@ class Request(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     cache_salt: str = ""
     """Tenant isolation for the prefix cache: hashed into the first block when set."""
     headers: dict[str, str] = {}
+    slo_ttft_ms: int = 0
+    """The request's time-to-first-token objective in ms (``PickRequest.slo_ttft_ms``, else
+    the ``x-llm-d-slo-ttft-ms`` / ``x-slo-ttft-ms`` header); 0 = none."""
+    slo_tpot_ms: int = 0
+    """Its time-per-output-token objective in ms (``PickRequest.slo_tpot_ms``, else
+    ``x-llm-d-slo-tpot-ms`` / ``x-slo-tpot-ms``); 0 = none."""
+    prompt_tokens: int = 0
+    """The prompt's token count: ``PickRequest.prompt_tokens`` when the gateway sent it,
+    else the host's estimate (one token per 4 bytes of prompt, rounded up)."""
+    session_id: str = ""
+    """The conversation this request belongs to (``PickRequest.session_id``, else the
+    ``x-session-id`` header); empty = none."""
 
 
 class ScoreInput(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
@@ -135,6 +147,11 @@ class ScoreInput(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     host's own making (joining, a rebuild after a gap) does not move it. A policy drops
     what it believed about the endpoint before then; 0 = never. Empty = all 0
     (policies/ABI.md)."""
+    uncached_tokens: tuple[int, ...] = ()
+    """Per candidate: prompt tokens that endpoint would have to prefill, by the engines'
+    KV-cache events (``prompt_tokens`` − ``prefix_matched`` × its block size, at least 0);
+    -1 = unknown there (no event stream, an uncertain index, no block size). Empty = not
+    computed (KV events off): a policy estimates it itself."""
 
 
 class PreRequestEvent(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
@@ -158,6 +175,13 @@ class PostResponseEvent(msgspec.Struct, array_like=True, frozen=True, kw_only=Tr
     status: int = CompletionStatus.OK
     timestamp_ms: int = 0
     model: str = ""
+    ttft_ms: float = -1.0
+    """Time to first token the gateway measured (``CompletionReport.ttft_seconds``, the
+    ext_proc stream, the HTTP front end), in ms; -1 = not reported."""
+    prompt_tokens: int = -1
+    """Prompt tokens the engine reported (usage); -1 = not reported."""
+    completion_tokens: int = -1
+    """Output tokens the engine reported (usage); -1 = not reported."""
 
 
 class Describe(msgspec.Struct, frozen=True, kw_only=True):
@@ -166,7 +190,7 @@ class Describe(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     version: str = "0.0.0"
     kind: str = "custom"
-    """lora-affinity | prefix-cache | load | legacy-v1 | precise-prefix | custom"""
+    """lora-affinity | prefix-cache | load | legacy-v1 | precise-prefix | latency | custom"""
     params: dict[str, object] = {}
     """The defaults of every parameter ``init`` accepts."""
 

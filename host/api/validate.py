@@ -12,6 +12,7 @@ from epick import abi
 from epick.api.gen.epick.v1 import picker_pb2
 
 __all__ = ["InvalidArgument", "to_request", "pin_of", "to_completion", "random_seed",
+           "estimate_tokens", "SLO_TTFT_HEADERS", "SLO_TPOT_HEADERS", "SESSION_HEADER",
            "MAX_PROMPT_BYTES", "MAX_NAME", "MAX_HEADERS", "MAX_HEADER_BYTES"]
 
 #: Limits on request fields; beyond them a request is INVALID_ARGUMENT.
@@ -103,6 +104,10 @@ def to_request(msg: picker_pb2.PickRequest) -> abi.Request:
             raise InvalidArgument(f"PickRequest.headers exceed {MAX_HEADER_BYTES} bytes in total")
     else:
         headers = {}
+    session_id = msg.session_id or headers.get(SESSION_HEADER, "")
+    if session_id and len(session_id) > MAX_NAME:
+        raise InvalidArgument(f"session id is {len(session_id)} characters long; "
+                              f"the limit is {MAX_NAME}")
     return abi.Request(
         request_id=request_id,
         model=model,
@@ -112,7 +117,55 @@ def to_request(msg: picker_pb2.PickRequest) -> abi.Request:
         seed=msg.seed if msg.HasField("seed") else random_seed(),
         cache_salt=cache_salt,
         headers=headers,
+        slo_ttft_ms=_slo(msg, "slo_ttft_ms", headers, SLO_TTFT_HEADERS),
+        slo_tpot_ms=_slo(msg, "slo_tpot_ms", headers, SLO_TPOT_HEADERS),
+        prompt_tokens=(msg.prompt_tokens if msg.HasField("prompt_tokens")
+                       else estimate_tokens(prompt)),
+        session_id=session_id,
     )
+
+
+#: Where a request's SLOs come from when the PickRequest fields are unset: llm-d's
+#: headers, then their older names.
+SLO_TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+SLO_TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
+#: The session key's header when ``PickRequest.session_id`` is empty.
+SESSION_HEADER = "x-session-id"
+#: Largest SLO accepted (a day): beyond it the value is a mistake, not an objective.
+MAX_SLO_MS = 86_400_000
+
+
+def estimate_tokens(prompt: str) -> int:
+    """The prompt's tokens when the gateway did not count them: one per 4 bytes, rounded
+    up (the simulator's tokenizer; English under BPE tokenizers is close). Characters
+    stand in for bytes: exact for ASCII, and no prompt is encoded just to count it."""
+    return (len(prompt) + 3) // 4
+
+
+def _slo(msg: picker_pb2.PickRequest, field: str, headers: dict[str, str],
+         names: tuple[str, ...]) -> int:
+    """An SLO in ms from the PickRequest field, else the first of ``names`` present in
+    the headers; 0 = none. A header that is not a whole number of ms >= 0 is refused."""
+    if msg.HasField(field):
+        value = getattr(msg, field)
+        if value > MAX_SLO_MS:
+            raise InvalidArgument(f"PickRequest.{field} is {value}; the limit is {MAX_SLO_MS}")
+        return value
+    if not headers:
+        return 0
+    for name in names:
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        text = raw.strip()
+        try:
+            value = float(text)
+        except ValueError:
+            raise InvalidArgument(f"header {name}: {raw!r} is not a number of ms") from None
+        if not 0 <= value <= MAX_SLO_MS:
+            raise InvalidArgument(f"header {name}: {raw!r} is not in [0, {MAX_SLO_MS}] ms")
+        return int(round(value))
+    return 0
 
 
 def pin_of(msg: picker_pb2.PickRequest, *, allow_pinning: bool) -> str:

@@ -24,6 +24,13 @@ hit rate per window after it, and how long it takes to get back — also against
 run without the restart, which each point runs too). E.g.
 ``--workloads prefix-pressure,prefix-restart --routers round-robin,epick,epick-precise``.
 
+Learning latency (issue 30): the router ``latency`` is epick with the ``latency`` policy
+beside the defaults (weight ``LATENCY_WEIGHT``); the workload ``heterogeneous``, opt-in, is
+a fleet of replicas of different speeds and KV sizes (``HETERO_REPLICAS``: per-replica
+configs) under unique prompts of 100–3,000 tokens, every request with a TTFT SLO
+(``HETERO_SLO_TTFT_MS``); its rows add the SLO attainment (share of requests within it).
+E.g. ``--workloads heterogeneous --routers round-robin,least-queue,epick,latency``.
+
 With ``--trace LOG`` the workload is a recorded decision log instead (arrival times,
 prompts as stand-in blocks, adapters, output lengths from the completions; as many
 replicas as the log's pool, its max_lora), and the routers are ``recorded`` (the log's
@@ -41,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epick import abi
+from epick.api.validate import estimate_tokens
 from epick.config import resolve_module
 from epick.interfaces import PoolView
 from epick.runtime.limits import Limits
@@ -63,6 +71,11 @@ ROUTERS = ("random", "round-robin", "least-queue", "legacy-v1", "epick", "load",
 #: Routers that follow the replicas' KV-cache events (opt-in with ``--routers``).
 KV_ROUTERS = ("epick-precise",)
 
+#: The learning router (issue 30, opt-in with ``--routers``): epick's defaults with the
+#: ``latency`` policy beside them at this weight.
+LATENCY_WEIGHT = 1.0
+LATENCY_ROUTERS = ("latency",)
+
 
 class EpickRouter:
     """Routes a virtual-time fleet with epick's scheduler and WASM policies.
@@ -73,8 +86,10 @@ class EpickRouter:
     """
 
     def __init__(self, policies: PolicySet, *, model: str = "base", picker: str = "max",
-                 seed: int = 0, kv=None, kv_delay_s: float = 0.0) -> None:
+                 seed: int = 0, kv=None, kv_delay_s: float = 0.0, slo_ttft_ms: int = 0) -> None:
         self.model = model
+        self.slo_ttft_ms = slo_ttft_ms
+        """Every request's TTFT SLO (``Request.slo_ttft_ms``, as the header would set it)."""
         # The fleet's virtual clock stamps hooks too, as it stamps snapshots: a policy
         # compares the two (LoRA reconcile, request TTL).
         self._view = None
@@ -115,7 +130,9 @@ class EpickRouter:
                 self._index = {a: i for i, a in enumerate(view.addresses)}
         request = abi.Request(request_id=req.request_id, model=self.model, adapter=req.adapter,
                               prompt=req.prompt, cache_salt=req.cache_salt,
-                              seed=(self._seed * 1_000_003 + self.decisions) & (2**64 - 1))
+                              seed=(self._seed * 1_000_003 + self.decisions) & (2**64 - 1),
+                              slo_ttft_ms=self.slo_ttft_ms,
+                              prompt_tokens=estimate_tokens(req.prompt))
         try:
             decision = self.scheduler.schedule(request)
             choice = self._index[decision.endpoint]
@@ -130,6 +147,14 @@ class EpickRouter:
 
     def on_complete(self, req, replica: int) -> None:
         self.scheduler.complete(request_id=req.request_id, completion_tokens=req.max_tokens)
+
+    def on_finished(self, req, replica: int, record) -> None:
+        """The gateway's completion report: what ext_proc measures on a real stream."""
+        if record is None:  # aborted by a restart: reported as before this hook existed
+            self.on_complete(req, replica)
+            return
+        self.scheduler.complete(request_id=req.request_id, prompt_tokens=record.prompt_tokens,
+                                completion_tokens=record.output_tokens, ttft_s=record.ttft_s)
 
     @property
     def decision_us(self) -> float:
@@ -149,7 +174,7 @@ def wasm_set(runtime, weights: dict[str, float], params: dict[str, dict] | None 
 
 
 def make_router(name: str, runtime, seed: int, weights: dict[str, float] | None = None,
-                *, kv_blocks: int = 0, kv_delay_s: float = 0.01):
+                *, kv_blocks: int = 0, kv_delay_s: float = 0.01, slo_ttft_ms: int = 0):
     from epick.sim.routers import LeastQueueRouter, RandomRouter, RoundRobinRouter
 
     if name == "random":
@@ -159,10 +184,14 @@ def make_router(name: str, runtime, seed: int, weights: dict[str, float] | None 
     if name == "least-queue":
         return LeastQueueRouter()
     if name == "legacy-v1":
-        return EpickRouter(wasm_set(runtime, {"legacy-v1": 1.0}), seed=seed)
+        return EpickRouter(wasm_set(runtime, {"legacy-v1": 1.0}), seed=seed,
+                           slo_ttft_ms=slo_ttft_ms)
     weights = weights or DEFAULT_WEIGHTS
     if name == "epick":
-        return EpickRouter(wasm_set(runtime, weights), seed=seed)
+        return EpickRouter(wasm_set(runtime, weights), seed=seed, slo_ttft_ms=slo_ttft_ms)
+    if name == "latency":
+        return EpickRouter(wasm_set(runtime, {**weights, "latency": LATENCY_WEIGHT}), seed=seed,
+                           slo_ttft_ms=slo_ttft_ms)
     if name == "epick-no-prefix":  # the zero-hit overhead baseline: epick minus prefix
         return EpickRouter(wasm_set(runtime, {k: w for k, w in weights.items()
                                               if k != "prefix-cache"}), seed=seed)
@@ -175,7 +204,7 @@ def make_router(name: str, runtime, seed: int, weights: dict[str, float] | None 
         return EpickRouter(wasm_set(runtime, precise), seed=seed,
                            kv=SimKvCounts(max(kv_blocks, 1) * 2), kv_delay_s=kv_delay_s)
     raise ValueError(f"unknown router {name!r}; expected one of "
-                     f"{', '.join(ROUTERS + KV_ROUTERS)}")
+                     f"{', '.join(ROUTERS + KV_ROUTERS + LATENCY_ROUTERS)}")
 
 
 @dataclass(frozen=True)
@@ -191,6 +220,10 @@ class Workload:
     """ReplicaConfig changes (prefix-pressure: small KV caches)."""
     restart_at: float | None = None
     """Fraction of the duration at which replica 0 restarts (prefix-restart)."""
+    replica_configs: tuple[dict, ...] = ()
+    """Per replica ReplicaConfig changes over ``config`` (heterogeneous: one per replica)."""
+    slo_ttft_ms: int = 0
+    """Every request's TTFT SLO; > 0 adds SLO attainment (share of requests within it)."""
 
 
 def _workloads(quick: bool) -> dict[str, Workload]:
@@ -220,7 +253,27 @@ def _workloads(quick: bool) -> dict[str, Workload]:
             lambda rate, d, seed: wl.shared_prefix(qps=rate, duration_s=d, seed=seed,
                                                    **RESTART_PREFIX),
             restart_at=0.5),
+        # Issue 30: replicas of different speeds and KV sizes, prompts of very different
+        # lengths; a TTFT SLO most requests can meet on the right replica.
+        "heterogeneous": Workload(
+            "heterogeneous", len(HETERO_REPLICAS), HETERO_RATES_QUICK if quick else HETERO_RATES,
+            dur, lambda rate, d, seed: wl.zero_hit(qps=rate, duration_s=d, seed=seed,
+                                                   **HETERO_REQUESTS),
+            replica_configs=HETERO_REPLICAS, slo_ttft_ms=HETERO_SLO_TTFT_MS),
     }
+
+
+#: heterogeneous: 2 fast replicas (the calibration's H100), 3 at a third of its speed, 3
+#: at a tenth with a small KV cache (an older GPU, a CPU replica).
+_MEDIUM = {"prefill_tokens_per_s": 8_000.0, "decode_step_base_s": 0.015,
+           "per_context_token_s": 0.12e-6, "num_gpu_blocks": 12_000}
+_SLOW = {"prefill_tokens_per_s": 2_500.0, "decode_step_base_s": 0.04,
+         "per_context_token_s": 0.4e-6, "num_gpu_blocks": 4_000}
+HETERO_REPLICAS: tuple[dict, ...] = ({}, {}, _MEDIUM, _MEDIUM, _MEDIUM, _SLOW, _SLOW, _SLOW)
+HETERO_REQUESTS = {"prompt_tokens": (100, 3000), "output_tokens": (20, 200)}
+HETERO_RATES = (10.0, 20.0, 30.0, 40.0)
+HETERO_RATES_QUICK = (20.0, 40.0)
+HETERO_SLO_TTFT_MS = 1000
 
 
 #: prefix-pressure: the workload and the KV caches (see docs/quality.md, "Precise").
@@ -249,6 +302,8 @@ WORKLOADS = ("multi-lora", "shared-prefix", "zero-hit")
 #: Flow control's overload workload (opt-in, ``epick.bench.overload``): flow control off
 #: vs on at 0.5x, 1.5x and 3x the fleet's capacity.
 OVERLOAD = "overload"
+#: Opt-in with ``--workloads``.
+EXTRA_WORKLOADS = ("prefix-pressure", "prefix-restart", "heterogeneous")
 
 
 def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int = 1,
@@ -273,7 +328,9 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
         for wname in workloads:
             w = specs[wname]
             config = msgspec.structs.replace(DEFAULT_CONFIG, max_loras=w.max_lora, **w.config)
-            fleet = Fleet(w.replicas, config, seed=seed)
+            configs = ([msgspec.structs.replace(config, **c) for c in w.replica_configs]
+                       if w.replica_configs else None)
+            fleet = Fleet(w.replicas, config, seed=seed, configs=configs)
             per_router: dict = {r: {k: [] for k in (
                 "rate", "throughput_tok_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
                 "e2e_p50_s", "e2e_p90_s", "adapter_loads", "hit_rate", "decision_cpu_us",
@@ -284,7 +341,8 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
                 for rname in routers:
                     router = make_router(rname, runtime, seed, weights,
                                          kv_blocks=config.num_gpu_blocks,
-                                         kv_delay_s=kv_delay_ms / 1000)
+                                         kv_delay_s=kv_delay_ms / 1000,
+                                         slo_ttft_ms=w.slo_ttft_ms)
                     options = dict(getattr(router, "fleet_options", {}))
                     if restart_t is not None:
                         options["restarts"] = [(restart_t, 0)]
@@ -305,6 +363,12 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
                     row["decision_cpu_us"].append(getattr(router, "decision_us", 0.0))
                     row["shed"].append(getattr(router, "failures", 0))
                     row["kv_evictions"].append(sum(r.kv_evictions for r in res.replicas))
+                    if w.slo_ttft_ms:
+                        slo_s = w.slo_ttft_ms / 1000
+                        row.setdefault("slo_ttft_ms", []).append(w.slo_ttft_ms)
+                        row.setdefault("slo_attainment", []).append(
+                            sum(1 for r in res.records if r.ttft_s <= slo_s) / len(res.records)
+                            if res.records else float("nan"))
                     if restart_t is not None:
                         # The same requests, router and seed without the restart: what the
                         # restart cost is the difference (the level before is too noisy).
@@ -320,7 +384,9 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
                                  f"tok/s {s.output_tok_s:8.0f}  ttft p90 {s.ttft_p90_s:7.3f}s  "
                                  f"loads {s.adapter_loads:5d}  hit {s.prefix_cache_hit_rate:.2f}"
                                  f"  evictions {row['kv_evictions'][-1]}"
-                                 f"  ({time.perf_counter() - t0:.1f}s)")
+                                 + (f"  SLO {w.slo_ttft_ms} ms met "
+                                    f"{row['slo_attainment'][-1]:.1%}" if w.slo_ttft_ms else "")
+                                 + f"  ({time.perf_counter() - t0:.1f}s)")
                         if restart_t is not None:
                             after = " ".join(f"{v:.2f}" for v in row["hit_rate_after_restart"][-1])
                             progress(f"{'':13s} restart of replica 0 at {restart_t:g} s: hit "

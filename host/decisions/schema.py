@@ -136,6 +136,11 @@ class RequestFeatures(msgspec.Struct, array_like=True, frozen=True, kw_only=True
     """Little-endian u64 hash chain of the prompt's full blocks (``hashes`` mode)."""
     prompt: str | None = None
     """The prompt itself (``full`` mode)."""
+    slo_ttft_ms: int = 0
+    slo_tpot_ms: int = 0
+    prompt_tokens: int = 0
+    """As the policies' ``Request`` had them (the count or the host's estimate)."""
+    session_id: str = ""
 
 
 class DecisionRec(_Rec, tag="d"):

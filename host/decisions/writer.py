@@ -505,7 +505,9 @@ class DecisionLog:
             request_id=req.request_id, model=req.model, adapter=req.adapter,
             criticality=int(req.criticality), seed=req.seed, cache_salt=req.cache_salt,
             headers=headers, prompt_bytes=len(prompt.encode()) if prompt else 0,
-            blocks=blocks, prompt=text,
+            blocks=blocks, prompt=text, slo_ttft_ms=req.slo_ttft_ms,
+            slo_tpot_ms=req.slo_tpot_ms, prompt_tokens=req.prompt_tokens,
+            session_id=req.session_id,
         )
 
     def _encode_decision(self, buf: bytearray, item) -> None:

@@ -103,6 +103,22 @@ class Cycle:
                                                               candidates)
         return got
 
+    def uncached_tokens(self, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        """``uncached_tokens`` per candidate: the prompt tokens its engine's KV events say it
+        would prefill, -1 where unknown; empty when KV events are off (policies/ABI.md)."""
+        if self.kv is None:
+            return ()
+        _, matched = self.kv_counts(candidates)
+        if not matched:
+            return ()
+        endpoints = self.view.snapshot.endpoints
+        tokens = self.request.prompt_tokens
+        out = []
+        for c, m in zip(candidates, matched):
+            size = endpoints[c].block_size
+            out.append(max(0, tokens - m * size) if m >= 0 and size > 0 else -1)
+        return tuple(out)
+
     def assigned(self, candidates: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``(in_flight, picked_since_scrape)`` per candidate as the policies see them
         (cached per cycle, so a decision log records what they saw, not the counts after
@@ -144,6 +160,7 @@ class Cycle:
                     prefix_blocks=blocks,
                     prefix_matched=matched,
                     prefix_cleared_ms=self.kv_cleared(candidates),
+                    uncached_tokens=self.uncached_tokens(candidates),
                 )
             )
             self._inputs[key] = blob

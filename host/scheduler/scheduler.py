@@ -530,6 +530,9 @@ class Scheduler:
             status=int(status),
             timestamp_ms=int(self._wall_clock() * 1000),
             model=rec.model,
+            ttft_ms=ttft_s * 1000.0 if ttft_s is not None and ttft_s >= 0 else -1.0,
+            prompt_tokens=prompt_tokens if prompt_tokens is not None else -1,
+            completion_tokens=completion_tokens if completion_tokens is not None else -1,
         )
         self._post_response(self.policies, event)
         self.recorder.completion(int(status), prompt_tokens, completion_tokens, ttft_s)

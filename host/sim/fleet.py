@@ -35,7 +35,7 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from epick.abi import EndpointMetrics
@@ -46,7 +46,8 @@ from .replica import EngineRequest, Replica
 from .results import ReplicaStats, RequestRecord, Results, summarize
 from .workload import SimRequest
 
-__all__ = ["Fleet", "FleetView", "Router", "CompletionListener", "KvEventListener", "CLOCK_ORIGIN"]
+__all__ = ["Fleet", "FleetView", "Router", "CompletionListener", "FinishListener",
+           "KvEventListener", "CLOCK_ORIGIN"]
 
 CLOCK_ORIGIN = 1_700_000_000.0
 """Unix time of virtual t = 0 (what the pages' LoRA timestamps count from)."""
@@ -69,6 +70,14 @@ class CompletionListener(Protocol):
     """Optional second method of a router: told when each request finishes."""
 
     def on_complete(self, req: SimRequest, replica: int) -> None: ...
+
+
+@runtime_checkable
+class FinishListener(Protocol):
+    """Optional instead of ``on_complete``: told when each request finishes, with what it
+    measured (its TTFT, token counts); ``record`` is None for a request a restart aborted."""
+
+    def on_finished(self, req: SimRequest, replica: int, record: RequestRecord | None) -> None: ...
 
 
 #: ``listener(address, seq, batch)``: one replica's ``epick.kv.events.KVEventBatch``.
@@ -133,14 +142,21 @@ _STEP, _SCRAPE, _KV, _RESTART = 0, 1, 2, 3
 
 
 class Fleet:
-    """N identical replicas. :meth:`run` starts each run from empty replicas, so one
+    """N replicas, identical unless ``configs`` gives each its own (a heterogeneous fleet:
+    different speeds and KV sizes). :meth:`run` starts each run from empty replicas, so one
     Fleet can compare routers on the same workload; the same seed gives the same run."""
 
-    def __init__(self, n_replicas: int, config: ReplicaConfig = DEFAULT_CONFIG, seed: int = 0) -> None:
+    def __init__(self, n_replicas: int, config: ReplicaConfig = DEFAULT_CONFIG, seed: int = 0,
+                 *, configs: Sequence[ReplicaConfig] | None = None) -> None:
         if n_replicas < 1:
             raise ValueError(f"n_replicas must be >= 1, got {n_replicas}")
+        if configs is not None and len(configs) != n_replicas:
+            raise ValueError(f"configs has {len(configs)} entries for {n_replicas} replicas")
         self.n_replicas = n_replicas
         self.config = config
+        self.configs: tuple[ReplicaConfig, ...] = (
+            tuple(configs) if configs is not None else (config,) * n_replicas)
+        """Replica i's config (all ``config`` unless ``configs`` was given)."""
         self.seed = seed
         self.addresses = tuple(f"10.0.0.{i + 1}:8000" for i in range(n_replicas))
 
@@ -190,12 +206,13 @@ class Fleet:
 
             return publish
 
-        replicas = [Replica(self.config, report_tokens=False,
+        replicas = [Replica(self.configs[i], report_tokens=False,
                             kv_events=publisher(i) if kv_events is not None else None)
                     for i in range(n)]
         pages = [MetricsPage(r, clock_origin=CLOCK_ORIGIN) for r in replicas]
         view = FleetView(self.addresses, pages)
         on_complete = getattr(router, "on_complete", None)
+        on_finished = getattr(router, "on_finished", None)
         rng = random.Random(self.seed)
 
         next_step: list[float | None] = [None] * n
@@ -232,7 +249,9 @@ class Fleet:
                 cached_tokens=req.cached_tokens, adapter_loads=req.adapter_loads,
                 preemptions=req.preemptions,
             )
-            if on_complete is not None:
+            if on_finished is not None:
+                on_finished(sreq, i, records[idx])
+            elif on_complete is not None:
                 on_complete(sreq, i)
 
         def dispatch(sreq: SimRequest, idx: int, t: float) -> None:
@@ -261,8 +280,10 @@ class Fleet:
             for req in aborted:
                 busy -= 1
                 idx, sreq = req.handle  # type: ignore[misc]
-                if on_complete is not None:
-                    on_complete(sreq, i)  # the router's request ended (failed)
+                if on_finished is not None:
+                    on_finished(sreq, i, None)  # the router's request ended (failed)
+                elif on_complete is not None:
+                    on_complete(sreq, i)
                 dispatch(sreq, idx, t)  # the client retries
 
         def run_until(t_limit: float) -> None:

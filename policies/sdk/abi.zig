@@ -74,6 +74,14 @@ pub const Request = struct {
     seed: u64 = 0,
     cache_salt: []const u8 = "",
     headers: []const Header = &.{},
+    /// Time-to-first-token objective in ms; 0 = none.
+    slo_ttft_ms: i64 = 0,
+    /// Time-per-output-token objective in ms; 0 = none.
+    slo_tpot_ms: i64 = 0,
+    /// The prompt's tokens (the gateway's count or the host's estimate).
+    prompt_tokens: i64 = 0,
+    /// The conversation the request belongs to; empty = none.
+    session_id: []const u8 = "",
 
     /// The value of a header (exact name match), if the gateway passed it.
     pub fn header(q: *const Request, name: []const u8) ?[]const u8 {
@@ -97,6 +105,11 @@ pub const PostResponse = struct {
     status: i64 = 0,
     timestamp_ms: i64 = 0,
     model: []const u8 = "",
+    /// Time to first token the gateway measured, in ms; negative = not reported.
+    ttft_ms: f64 = -1,
+    /// The engine's usage counts; negative = not reported.
+    prompt_tokens: i64 = -1,
+    completion_tokens: i64 = -1,
 };
 
 /// One `score`/`filter` call: the request, its candidates and the snapshot they index.
@@ -118,6 +131,9 @@ pub const ScoreCtx = struct {
     /// Per candidate (or empty = all 0): Unix ms (the host's clock, as snapshot.timestamp_ms
     /// and pre_request's timestamp_ms) its KV index was last emptied; 0 = never.
     prefix_cleared_ms: []const i64 = &.{},
+    /// Per candidate (or empty = not computed): prompt tokens its engine would prefill,
+    /// by its KV-cache events; -1 = unknown there.
+    uncached_tokens: []const i64 = &.{},
 
     /// The endpoint of the i-th candidate.
     pub fn endpoint(c: *const ScoreCtx, i: usize) *const Endpoint {
@@ -157,6 +173,13 @@ pub const ScoreCtx = struct {
     pub fn prefixClearedMs(c: *const ScoreCtx, i: usize) ?i64 {
         if (i >= c.prefix_cleared_ms.len or c.prefix_cleared_ms[i] <= 0) return null;
         return c.prefix_cleared_ms[i];
+    }
+
+    /// Prompt tokens the i-th candidate would prefill, by its engine's KV-cache events;
+    /// null when unknown (no events, an uncertain index) — estimate it then.
+    pub fn uncachedTokens(c: *const ScoreCtx, i: usize) ?i64 {
+        if (i >= c.uncached_tokens.len or c.uncached_tokens[i] < 0) return null;
+        return c.uncached_tokens[i];
     }
 
     /// The smallest `work` over the candidates (0 when there are none).
@@ -242,7 +265,11 @@ pub fn decodeRequest(r: *Reader, s: Strings, comptime what: []const u8) Error!Re
         }
         q.headers = hs;
     }
-    if (n > 8) try r.skipN(what ++ " (trailing)", n - 8);
+    if (n > 8) q.slo_ttft_ms = try r.int(what ++ ".slo_ttft_ms");
+    if (n > 9) q.slo_tpot_ms = try r.int(what ++ ".slo_tpot_ms");
+    if (n > 10) q.prompt_tokens = try r.int(what ++ ".prompt_tokens");
+    if (n > 11) q.session_id = try s.str(r, what ++ ".session_id");
+    if (n > 12) try r.skipN(what ++ " (trailing)", n - 12);
     return q;
 }
 
@@ -278,11 +305,13 @@ pub fn decodeScoreInputTail(r: *Reader, s: Strings, head: ScoreInputHead, snap: 
     if (head.elements > 6) matched = try perCandidate(r, s, "prefix_matched", m);
     var cleared: []const i64 = &.{};
     if (head.elements > 7) cleared = try perCandidate(r, s, "prefix_cleared_ms", m);
-    if (head.elements > 8) try r.skipN("ScoreInput (trailing)", head.elements - 8);
+    var uncached: []const i64 = &.{};
+    if (head.elements > 8) uncached = try perCandidate(r, s, "uncached_tokens", m);
+    if (head.elements > 9) try r.skipN("ScoreInput (trailing)", head.elements - 9);
     return .{
         .snapshot = snap, .request = q, .candidates = cands, .in_flight = in_flight,
         .picked_since_scrape = since, .prefix_blocks = blocks, .prefix_matched = matched,
-        .prefix_cleared_ms = cleared,
+        .prefix_cleared_ms = cleared, .uncached_tokens = uncached,
     };
 }
 
@@ -315,7 +344,10 @@ pub fn decodePostResponse(r: *Reader, s: Strings) Error!PostResponse {
     if (n > 3) ev.status = try r.int("PostResponseEvent.status");
     if (n > 4) ev.timestamp_ms = try r.int("PostResponseEvent.timestamp_ms");
     if (n > 5) ev.model = try s.str(r, "PostResponseEvent.model");
-    if (n > 6) try r.skipN("PostResponseEvent (trailing)", n - 6);
+    if (n > 6) ev.ttft_ms = try r.float("PostResponseEvent.ttft_ms");
+    if (n > 7) ev.prompt_tokens = try r.int("PostResponseEvent.prompt_tokens");
+    if (n > 8) ev.completion_tokens = try r.int("PostResponseEvent.completion_tokens");
+    if (n > 9) try r.skipN("PostResponseEvent (trailing)", n - 9);
     return ev;
 }
 

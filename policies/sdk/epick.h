@@ -220,6 +220,9 @@ typedef struct {
     epick_str request_id, model, adapter, prompt, cache_salt;
     int64_t criticality;
     uint64_t seed;
+    /* SLOs in ms (0 = none), the prompt's tokens (count or estimate), the session key */
+    int64_t slo_ttft_ms, slo_tpot_ms, prompt_tokens;
+    epick_str session_id;
 } epick_request;
 
 static uint32_t epick__skip_list(epick_reader *r, const char *what) {
@@ -246,7 +249,7 @@ static void epick_read_endpoint(epick_reader *r, epick_endpoint *e) {
 
 static void epick_read_request(epick_reader *r, epick_request *q) {
     uint32_t n = epick_read_array(r, "request");
-    epick_request z = { { "", 0 }, { "", 0 }, { "", 0 }, { "", 0 }, { "", 0 }, 1, 0 };
+    epick_request z = { { "", 0 }, { "", 0 }, { "", 0 }, { "", 0 }, { "", 0 }, 1, 0, 0, 0, 0, { "", 0 } };
     *q = z;
     if (n > 0) q->request_id = epick_read_str(r, "request.request_id");
     if (n > 1) q->model = epick_read_str(r, "request.model");
@@ -255,7 +258,12 @@ static void epick_read_request(epick_reader *r, epick_request *q) {
     if (n > 4) q->criticality = epick_read_int(r, "request.criticality");
     if (n > 5) q->seed = (uint64_t)epick_read_int(r, "request.seed");
     if (n > 6) q->cache_salt = epick_read_str(r, "request.cache_salt");
-    if (n > 7) epick_skip_n(r, n - 7, "request (headers, trailing)");
+    if (n > 7) epick_skip(r, "request.headers");
+    if (n > 8) q->slo_ttft_ms = epick_read_int(r, "request.slo_ttft_ms");
+    if (n > 9) q->slo_tpot_ms = epick_read_int(r, "request.slo_tpot_ms");
+    if (n > 10) q->prompt_tokens = epick_read_int(r, "request.prompt_tokens");
+    if (n > 11) q->session_id = epick_read_str(r, "request.session_id");
+    if (n > 12) epick_skip_n(r, n - 12, "request (trailing)");
 }
 
 /* Decode a ScoreInput with an inline snapshot (C policies do not export set_snapshot).

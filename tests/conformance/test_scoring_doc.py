@@ -14,7 +14,7 @@ import pytest
 from epick.conformance.vectors import VECTORS_DIR
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scoring.md"
-POLICIES = ["load", "lora-affinity", "prefix-cache", "precise-prefix", "legacy-v1"]
+POLICIES = ["load", "lora-affinity", "prefix-cache", "precise-prefix", "legacy-v1", "latency"]
 
 
 def doc() -> str:

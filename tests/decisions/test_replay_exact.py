@@ -158,3 +158,20 @@ def test_a_policy_that_failed_live_fails_there_again_in_the_replay(tmp_path, run
             blob = schema.encoder.encode(x)
             f.write(_FRAME.pack(len(blob)) + blob)
     assert replay([stripped], runtime=runtime).agreement < 1.0
+
+
+def test_the_learning_latency_policy_replays_exactly(tmp_path, record, runtime):
+    """latency learns from the completions' TTFT (post_response) and the requests' token
+    counts: the log records both, so its replay reproduces every pick and score."""
+    from epick.bench.quality import DEFAULT_WEIGHTS
+
+    router, _ = record(tmp_path / "d.log", weights={**DEFAULT_WEIGHTS, "latency": 1.0})
+    records = list(read_file(tmp_path / "d.log"))
+    assert any(isinstance(x, schema.CompletionRec) and x.ttft_s for x in records)
+    assert all(x.request.prompt_tokens > 0 for x in records if isinstance(x, schema.DecisionRec))
+
+    r = replay([tmp_path / "d.log"], runtime=runtime)
+
+    assert r.decisions == router.decisions and r.agreement == 1.0
+    latency = next(d for d in r.score_deltas if d.policy == "latency")
+    assert latency.compared > 0 and latency.changed == 0

@@ -103,11 +103,11 @@ def grown(value, depth_marker="future"):
 def test_unknown_trailing_elements_are_skipped(policy):
     plain = msgspec.to_builtins(abi.ScoreInput(snapshot=POOL, request=abi.Request(**REQUEST), candidates=(0, 1)))
     # grow the layouts (ScoreInput, Snapshot, each EndpointMetrics, Request), not the lists
-    snapshot, request, candidates, in_flight, since, blocks, matched, cleared = plain
+    snapshot, request, candidates, in_flight, since, blocks, matched, cleared, uncached = plain
     snapshot = [*snapshot[:3], [[*e, 99] for e in snapshot[3]], "snapshot-extra"]
     request = [*request, ["request", "extra"]]
     future = msgspec.msgpack.encode([snapshot, request, candidates, in_flight, since, blocks,
-                                     matched, cleared, {"score-input": "extra"}])
+                                     matched, cleared, uncached, {"score-input": "extra"}])
     for name in INPUTS:
         inst = policy(name)
         export = INPUTS[name]

@@ -63,7 +63,7 @@ def test_policies_receive_the_counts_parallel_to_the_candidates():
 
     cycle = Cycle(view=p, request=abi.Request(model="m"), assignments=s.assignments)
     decoded = msgspec.msgpack.decode(cycle.score_input((1, 0), inline_snapshot=False))
-    assert decoded[2:] == [[1, 0], [2, 0], [2, 0], [], [], []]
+    assert decoded[2:] == [[1, 0], [2, 0], [2, 0], [], [], [], []]
 
 
 def test_every_policy_hook_of_a_cycle_gets_one_encoding_of_the_pick():

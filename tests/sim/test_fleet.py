@@ -153,3 +153,33 @@ def test_empty_workload_gives_an_empty_summary():
     res = Fleet(2).run([], RandomRouter())
     assert (res.summary.requests, res.records, res.summary.ttft_p50_s) == (0, (), 0.0)
     assert not math.isnan(res.summary.output_tok_s)
+
+
+def test_on_finished_gets_each_request_record_instead_of_on_complete():
+    seen, plain = [], []
+
+    class RR(RoundRobinRouter):
+        def on_complete(self, req, replica):
+            plain.append(req.request_id)
+
+        def on_finished(self, req, replica, record):
+            seen.append((req.request_id, replica, record))
+
+    wl = zero_hit(qps=20, duration_s=2, seed=1)
+    res = Fleet(2, DEFAULT_CONFIG).run(wl, RR())
+    assert plain == []
+    assert sorted((r, i) for r, i, _ in seen) == sorted((r.request_id, r.replica) for r in res.records)
+    assert all(rec.request_id == r and rec.ttft_s > 0 for r, _, rec in seen)
+
+
+def test_a_heterogeneous_fleet_runs_each_replica_on_its_own_config():
+    slow = msgspec.structs.replace(DEFAULT_CONFIG, prefill_tokens_per_s=2_500.0,
+                                   decode_step_base_s=0.04, num_gpu_blocks=4_000)
+    wl = zero_hit(qps=4, duration_s=5, seed=1, prompt_tokens=2000)
+    res = Fleet(2, DEFAULT_CONFIG, configs=[DEFAULT_CONFIG, slow]).run(wl, RoundRobinRouter())
+    fast_ttft = [r.ttft_s for r in res.records if r.replica == 0]
+    slow_ttft = [r.ttft_s for r in res.records if r.replica == 1]
+    # 2,000 tokens: 80 ms of prefill at 25k tok/s, 800 ms at 2.5k
+    assert max(fast_ttft) < 0.3 < 0.7 < min(slow_ttft)
+    with pytest.raises(ValueError, match="configs has 1 entries for 2 replicas"):
+        Fleet(2, DEFAULT_CONFIG, configs=[slow])

@@ -301,7 +301,8 @@ class Replayer:
         request = abi.Request(
             request_id=f.request_id, model=f.model, adapter=f.adapter, prompt=prompt,
             criticality=f.criticality, seed=f.seed, cache_salt=f.cache_salt,
-            headers=dict(f.headers))
+            headers=dict(f.headers), slo_ttft_ms=f.slo_ttft_ms, slo_tpot_ms=f.slo_tpot_ms,
+            prompt_tokens=f.prompt_tokens, session_id=f.session_id)
         endpoints = view.snapshot.endpoints
         recorded = [endpoints[i].address for i in rec.picked]
         r = self.r
@@ -407,8 +408,9 @@ class Replayer:
             self._plugin_call(name, "recover")
         self._pending_recovery = set()
         replay_id = self._ids.pop(rec.id, "")
-        if not replay_id or not self._scheduler.complete(decision_id=replay_id,
-                                                         status=rec.status):
+        if not replay_id or not self._scheduler.complete(
+                decision_id=replay_id, status=rec.status, prompt_tokens=rec.prompt_tokens,
+                completion_tokens=rec.completion_tokens, ttft_s=rec.ttft_s):
             self.r.unknown_completions += 1
 
     # -- the report -----------------------------------------------------------------------

@@ -1,0 +1,127 @@
+"""The latency policy learns what each endpoint's TTFT costs (issue 30): statistical
+learning cases, hot swap and replay."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import numpy as np
+import pytest
+from policy_payloads import PolicyCallError, ep, snap
+
+from epick import abi
+
+POOL = snap([ep("fast:1"), ep("slow:1")], timestamp_ms=1000)
+TRUE_MS_PER_KTOKEN = {0: 60.0, 1: 400.0}
+OVERHEAD_KTOKENS = 0.5  # the policy's default
+
+
+def score(inst, candidates, **request) -> np.ndarray:
+    blob = abi.encoder.encode(abi.ScoreInput(snapshot=POOL, request=abi.Request(**request),
+                                             candidates=tuple(candidates)))
+    return inst.score(blob, len(candidates))
+
+
+def teach(inst, n: int, *, seed: int = 1, noise: float = 0.10) -> None:
+    """n completions per endpoint: TTFT = θ · (0.5 + tokens/1000) · (1 ± noise)."""
+    rng = random.Random(seed)
+    t = 1000
+    for i in range(2 * n):
+        k = i % 2
+        tokens = rng.randint(100, 3000)
+        rid = f"r{i}"
+        score(inst, [k], request_id=rid, prompt_tokens=tokens)
+        inst.pre_request(abi.encoder.encode(abi.PreRequestEvent(
+            request=abi.Request(request_id=rid, prompt_tokens=tokens),
+            endpoint=POOL.endpoints[k].address, timestamp_ms=t)))
+        ttft = TRUE_MS_PER_KTOKEN[k] * (OVERHEAD_KTOKENS + tokens / 1000)
+        ttft *= 1 + rng.uniform(-noise, noise)
+        t += 10
+        inst.post_response(abi.encoder.encode(abi.PostResponseEvent(
+            request_id=rid, endpoint=POOL.endpoints[k].address, timestamp_ms=t,
+            ttft_ms=ttft, completion_tokens=1)))
+
+
+def coefficients(inst) -> dict[str, float]:
+    state = msgspec.msgpack.decode(inst.export_state())
+    return {address: ttft[1][0] for address, ttft, _tpot in state[3]}
+
+
+@pytest.mark.parametrize("n", [20, 100])
+def test_after_n_completions_the_learnt_cost_is_within_5_percent(policy, n):
+    inst = policy("latency")
+    teach(inst, n)
+    got = coefficients(inst)
+    assert got["fast:1"] == pytest.approx(60.0, rel=0.05)
+    assert got["slow:1"] == pytest.approx(400.0, rel=0.05)
+    # and the scores say so: the slow one predicted ~400/60 times slower for one prompt
+    s = score(inst, [0, 1], request_id="q", prompt_tokens=1000)
+    assert s[0] == 1.0 and s[1] == pytest.approx(60.0 / 400.0, rel=0.05)
+
+
+def test_an_slo_only_the_fast_endpoint_meets_ranks_it_above_one_half(policy):
+    inst = policy("latency")
+    teach(inst, 50)
+    # predictions for 1,000 tokens: ~90 ms and ~600 ms
+    s = score(inst, [0, 1], request_id="q", prompt_tokens=1000, slo_ttft_ms=300)
+    assert s[0] == 1.0
+    assert s[1] == pytest.approx(0.5 * 300 / 600, rel=0.05)
+
+
+def test_the_model_survives_a_hot_swap_and_replays_exactly(policy):
+    old = policy("latency")
+    teach(old, 30)
+    state = old.export_state()
+    new = policy("latency")
+    new.import_state(state)
+    assert new.export_state() == state
+    probe = dict(request_id="q", prompt_tokens=700, slo_ttft_ms=250)
+    np.testing.assert_array_equal(score(new, [0, 1], **probe), score(old, [0, 1], **probe))
+    # the same calls on a fresh instance give the same model, bit for bit (epick replay)
+    again = policy("latency")
+    teach(again, 30)
+    assert again.export_state() == state
+
+
+def test_a_bad_state_is_refused_and_leaves_the_policy_fresh(policy):
+    inst = policy("latency")
+    teach(inst, 5)
+    with pytest.raises(PolicyCallError, match="latency state format"):
+        inst.import_state(msgspec.msgpack.encode([9, [], [], []]))
+    assert msgspec.msgpack.decode(inst.export_state())[3] == []
+
+
+def test_tpot_is_learnt_from_the_end_to_end_time(policy):
+    inst = policy("latency", min_samples=1)
+    for i in range(60):
+        k, rid = i % 2, f"t{i}"
+        tpot_ms = (10.0, 30.0)[k]
+        score(inst, [k], request_id=rid, prompt_tokens=500)
+        inst.pre_request(abi.encoder.encode(abi.PreRequestEvent(
+            request=abi.Request(request_id=rid, prompt_tokens=500),
+            endpoint=POOL.endpoints[k].address, timestamp_ms=10_000 * i)))
+        # TTFT 400 ms, then 20 tokens: e2e = 400 + 19 · TPOT
+        inst.post_response(abi.encoder.encode(abi.PostResponseEvent(
+            request_id=rid, endpoint=POOL.endpoints[k].address,
+            timestamp_ms=10_000 * i + 400 + 19 * int(tpot_ms), ttft_ms=400.0,
+            completion_tokens=20)))
+    models = {a: tpot[1] for a, _ttft, tpot in msgspec.msgpack.decode(inst.export_state())[3]}
+    assert models["fast:1"][0] == pytest.approx(10.0, rel=0.01)
+    assert models["slow:1"][0] == pytest.approx(30.0, rel=0.01)
+    # an SLO of 20 ms a token: met by fast (0.5 + 0.5 · 10/10), missed by slow (0.5 · 20/30)
+    s = score(inst, [0, 1], request_id="q", prompt_tokens=500, slo_tpot_ms=20)
+    assert s[0] == pytest.approx(1.0) and s[1] == pytest.approx(0.5 * 20 / 30, rel=0.01)
+    # an SLO nobody meets ranks by the prediction alone: 10/30
+    s = score(inst, [0, 1], request_id="q", prompt_tokens=500, slo_tpot_ms=5)
+    assert s[0] == pytest.approx(1.0) and s[1] == pytest.approx(10 / 30, rel=0.01)
+
+
+def test_a_state_from_before_sessions_is_accepted(policy):
+    old = policy("latency")
+    teach(old, 10)
+    state = msgspec.msgpack.decode(old.export_state())
+    assert len(state) == 5 and state[4] == []
+    new = policy("latency")
+    new.import_state(msgspec.msgpack.encode(state[:4]))
+    assert new.export_state() == old.export_state()
