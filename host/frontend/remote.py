@@ -15,10 +15,9 @@ import time
 from collections.abc import Callable, Collection
 
 from epick import abi
-from epick.api.decide import Verdict, outcome_of
+from epick.api.decide import SchedulingError, Verdict, outcome_of
 from epick.api.gen.epick.v1 import picker_pb2
 from epick.frontend import wire
-from epick.scheduler.scheduler import SchedulingError
 
 __all__ = ["RemoteDecider", "RemoteDecision", "RemotePicker", "RelayedTrace",
            "RemoteWeights", "carry_trace"]
@@ -195,7 +194,7 @@ class RemoteDecider(asyncio.Protocol):
             self._transport.close()
 
 
-class RemoteRefusal(SchedulingError):
+class RemoteRefusal(SchedulingError):  # the pick path's refusal base, as api says it
     """A weights table the service's process refused: its ``outcome`` (a ``REFUSALS``
     row) and message, said by the HTTP front end as in one process."""
 
