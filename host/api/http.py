@@ -266,10 +266,16 @@ class HttpApi:
             return key
         if _SSE not in request.headers.get("Accept", ""):
             try:
-                table = hub.table(*key)
+                table = await _result(hub.table(*key))  # a worker's: asked of the service
             except (PickInvalidArgument, SchedulingError) as exc:
                 return _error(status_for(exc), str(exc))
             return _json(_message_json(to_proto(table)))
+        if not getattr(hub, "streams", True):
+            return _error(grpc.StatusCode.UNIMPLEMENTED,
+                          "GET /v1/weights as a stream (text/event-stream) is not served by "
+                          "front-end workers ([server] workers > 1): ask without the stream "
+                          "(one table), watch over gRPC (EndpointPicker/WatchWeights on "
+                          "[server] listen), or set [server] workers = 1", status=501)
         task = asyncio.current_task()
         self._streams.add(task)
         try:
@@ -318,7 +324,9 @@ class HttpApi:
                           "DiscoveryRequest.resource_names is empty: name the weights "
                           "tables (model=M[,adapter=A]) as the EDS service names")
         try:
-            tables = {name: hub.table(*eds.resource_key(name)) for name in msg.resource_names}
+            # A worker's hub asks the service's process (awaited); the service's answers.
+            tables = {name: await _result(hub.table(*eds.resource_key(name)))
+                      for name in msg.resource_names}
         except (PickInvalidArgument, SchedulingError) as exc:
             return _error(status_for(exc), str(exc))
         return _json(_message_json(eds.discovery_response(tables)))

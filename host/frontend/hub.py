@@ -7,6 +7,15 @@ gRPC Pick API and the in-process ext_proc use — and its verdict goes back as a
 does. Frames are read and answered in ``data_received``, on the event-loop thread: one
 read can carry many picks under load, and each is decided without an ``await`` in
 between, as a PickStream message is.
+
+With tracing on, the service's tracer decides here as for any front end: the worker's
+``PickRequest.headers`` carry the caller's ``traceparent`` / ``tracestate`` (ext_proc's
+request headers; the HTTP front end copies its own in), and a traced verdict's span goes
+back in the Answer, for ext_proc in the worker to name as the model server's parent.
+
+A pick that waits in flow control is answered by a task the hub owns: a worker's
+connection going away cancels its waiting picks (they leave the queue, counted
+``cancelled``), and the hub stopping cancels them all.
 """
 
 from __future__ import annotations
@@ -21,9 +30,10 @@ from pathlib import Path
 import anyio
 
 from epick import abi
-from epick.api.decide import Decider, Verdict
+from epick.api.decide import Decider, Verdict, outcome_of
 from epick.api.gen.epick.v1 import picker_pb2
 from epick.api.picker import PickerService, to_response
+from epick.api.weights import to_proto
 from epick.frontend import wire
 
 __all__ = ["Hub"]
@@ -39,6 +49,8 @@ class _Connection(asyncio.Protocol):
         self.frames = wire.Frames(wire.ToHub)
         self.transport: asyncio.Transport | None = None
         self.worker: int | None = None
+        #: Picks waiting in flow control for this worker (cancelled when it goes away).
+        self.waiting: set[asyncio.Task] = set()
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -46,6 +58,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.hub._connections.discard(self)
+        for task in list(self.waiting):  # no one to answer: out of the queue
+            task.cancel()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -65,6 +79,8 @@ class _Connection(asyncio.Protocol):
                 hub.refused(msg)
             elif type(msg) is wire.Report:
                 self.send(hub.report(msg))
+            elif type(msg) is wire.Tables:
+                self.send(hub.tables(msg))
             else:
                 self.worker = msg.worker
                 self.send(wire.Health(hub.serving))
@@ -86,7 +102,7 @@ class _Connection(asyncio.Protocol):
         else:
             verdict = decider.decide(pick, subset=subset, started=started)
         if inspect.isawaitable(verdict):  # a decider that may wait (flow control)
-            asyncio.ensure_future(self._answer_later(msg.id, verdict, msg.full))
+            self.hub._own(self._answer_later(msg.id, verdict, msg.full), self.waiting)
         else:
             self._answer(msg.id, verdict, msg.full)
 
@@ -99,8 +115,12 @@ class _Connection(asyncio.Protocol):
             self.send(wire.Answer(id_, verdict.outcome, verdict.message))
         else:
             response = to_response(d).SerializeToString() if full else b""
+            tp = ts = ""
+            if verdict.trace is not None:  # traced: the worker passes the span on
+                out = self.hub.decider.tracer.outgoing(verdict.trace)
+                tp, ts = out.get("traceparent", ""), out.get("tracestate", "")
             self.send(wire.Answer(id_, verdict.outcome, "", d.endpoint, list(d.fallbacks),
-                                  d.decision_id, response))
+                                  d.decision_id, response, tp, ts))
 
     def send(self, msg) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -127,6 +147,21 @@ class Hub:
         self.clock = clock or time.perf_counter
         self.serving = False
         self._connections: set[_Connection] = set()
+        #: Every pick waiting in flow control (owned here; cancelled when the hub stops).
+        self._tasks: set[asyncio.Task] = set()
+
+    def _own(self, coro, also: set[asyncio.Task]) -> asyncio.Task:
+        """Run ``coro`` as a task this hub (and ``also``, its connection's set) owns."""
+        task = asyncio.get_running_loop().create_task(coro)
+        for owner in (self._tasks, also):
+            owner.add(task)
+            task.add_done_callback(owner.discard)
+        return task
+
+    @property
+    def waiting(self) -> int:
+        """Picks the hub is answering later (waiting in flow control)."""
+        return len(self._tasks)
 
     @property
     def connected(self) -> int:
@@ -143,11 +178,17 @@ class Hub:
             await anyio.sleep_forever()
         finally:
             server.close()
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
             for conn in list(self._connections):
                 if conn.transport is not None:
                     conn.transport.close()
             self._connections.clear()
             self.path.unlink(missing_ok=True)
+            if tasks:  # let the cancelled picks leave the queue before the hub is gone
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait(tasks)
 
     def set_health(self, serving: bool) -> None:
         self.serving = serving
@@ -173,6 +214,22 @@ class Hub:
         if error is not None:
             return wire.Ack(msg.id, False, error[0].name, error[1])
         return wire.Ack(msg.id, response.known)
+
+    def tables(self, msg: wire.Tables) -> wire.TablesAnswer:
+        """The weights tables now, as the HTTP front end in the service's process reads
+        them (``WeightsHub.table``); a refusal (a bad name, no endpoint) is said."""
+        weights = self.picker.weights
+        if weights is None:
+            return wire.TablesAnswer(msg.id, [], "error", "the weights stream is off")
+        try:
+            return wire.TablesAnswer(msg.id, [
+                to_proto(weights.table(model, adapter, abi.Criticality(crit)))
+                .SerializeToString() for model, adapter, crit in msg.keys])
+        except Exception as exc:  # noqa: BLE001 (said to the worker, as a Pick's would be)
+            outcome = outcome_of(exc)
+            if outcome == "error":
+                log.exception("a front-end worker's weights table failed")
+            return wire.TablesAnswer(msg.id, [], outcome, str(exc))
 
     def refused(self, msg: wire.Refused) -> None:
         telemetry = self.decider.telemetry

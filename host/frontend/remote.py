@@ -14,11 +14,13 @@ import logging
 import time
 from collections.abc import Callable, Collection
 
-from epick.api.decide import Verdict, outcome_of
+from epick import abi
+from epick.api.decide import SchedulingError, Verdict, outcome_of
 from epick.api.gen.epick.v1 import picker_pb2
 from epick.frontend import wire
 
-__all__ = ["RemoteDecider", "RemoteDecision", "RemotePicker"]
+__all__ = ["RemoteDecider", "RemoteDecision", "RemotePicker", "RelayedTrace",
+           "RemoteWeights", "carry_trace"]
 
 log = logging.getLogger("epick.frontend")
 
@@ -34,11 +36,49 @@ class RemoteDecision:
         self.decision_id = decision_id
 
 
+class RelayedTrace:
+    """The tracer a worker's front ends see (``decider.tracer``): the service's process
+    traced the decision; its verdict's ``trace`` is the span's ``(traceparent,
+    tracestate)`` as the hub sent them, and :meth:`outgoing` says them on."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def outgoing(trace: tuple[str, str]) -> dict[str, str]:
+        traceparent, tracestate = trace
+        out = {"traceparent": traceparent}
+        if tracestate:
+            out["tracestate"] = tracestate
+        return out
+
+
+#: The W3C trace headers a worker carries to the service's process in
+#: ``PickRequest.headers`` (the names ``epick.tracing.TRACE_HEADERS`` reads; not imported:
+#: a worker does not load OpenTelemetry).
+_TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def carry_trace(msg: picker_pb2.PickRequest, carrier) -> None:
+    """Copy the caller's trace headers from ``carrier`` (HTTP request headers) into
+    ``msg.headers`` where it has none: the service's process decides, and reads them
+    there, as it reads a PickStream message's own (those win, as in one process)."""
+    if carrier is None:
+        return
+    headers = msg.headers
+    for name in _TRACE_HEADERS:
+        value = carrier.get(name)
+        if value and name not in headers:
+            headers[name] = value
+
+
 class RemoteDecider(asyncio.Protocol):
     """Connect with :meth:`connect`; then ``await decide_async(pick, subset=, started=)``.
 
     ``on_health(serving)`` hears the service's health.
     """
+
+    #: A traced verdict's ``trace`` is what the hub sent (:class:`RelayedTrace`).
+    tracer = RelayedTrace()
 
     def __init__(self, *, on_health: Callable[[bool], None] = lambda _s: None) -> None:
         self.on_health = on_health
@@ -74,11 +114,14 @@ class RemoteDecider(asyncio.Protocol):
                 if msg.response:
                     fut.set_result(msg)  # a full answer: RemotePicker reads it
                 elif msg.decision_id:
-                    fut.set_result(Verdict(RemoteDecision(msg.endpoint, msg.fallbacks,
-                                                          msg.decision_id), msg.outcome))
+                    verdict = Verdict(RemoteDecision(msg.endpoint, msg.fallbacks,
+                                                     msg.decision_id), msg.outcome)
+                    if msg.traceparent:  # traced in the service's process
+                        verdict.trace = (msg.traceparent, msg.tracestate)
+                    fut.set_result(verdict)
                 else:
                     fut.set_result(Verdict(None, msg.outcome, msg.message))
-            elif type(msg) is wire.Ack:
+            elif type(msg) is wire.Ack or type(msg) is wire.TablesAnswer:
                 fut = self._pending.pop(msg.id, None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
@@ -107,6 +150,13 @@ class RemoteDecider(asyncio.Protocol):
         if self._transport is None:
             return Verdict(None, "error", "epick's decision process is gone")
         return await self._ask(lambda id_: wire.Report(id_, report.SerializeToString()))
+
+    async def tables(self, keys: list[tuple[str, str, int]]):
+        """The service's weights tables for ``keys``: a :class:`~epick.frontend.wire.
+        TablesAnswer` (or a lost Verdict)."""
+        if self._transport is None:
+            return Verdict(None, "error", "epick's decision process is gone")
+        return await self._ask(lambda id_: wire.Tables(id_, keys))
 
     async def _ask(self, message):
         self._next += 1
@@ -144,21 +194,67 @@ class RemoteDecider(asyncio.Protocol):
             self._transport.close()
 
 
+class RemoteRefusal(SchedulingError):  # the pick path's refusal base, as api says it
+    """A weights table the service's process refused: its ``outcome`` (a ``REFUSALS``
+    row) and message, said by the HTTP front end as in one process."""
+
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class RemoteWeights:
+    """The :class:`~epick.api.weights.WeightsHub` a worker's HTTP front end sees: one
+    table at a time (``GET /v1/weights``, EDS) asked of the service's process.
+
+    The stream (``GET /v1/weights`` with ``Accept: text/event-stream``) is not carried
+    across the worker hop (``streams`` is False: the HTTP front end answers 501): a
+    stream's subscription lives in the service's process, where gRPC ``WatchWeights``
+    serves it."""
+
+    streams = False
+
+    def __init__(self, decider: RemoteDecider) -> None:
+        self.decider = decider
+
+    async def table(self, model: str, adapter: str = "",
+                    criticality: abi.Criticality = abi.Criticality.STANDARD):
+        from epick.api.picker import InvalidArgument
+        from epick.api.weights import EndpointShare, WeightsTable
+
+        answer = await self.decider.tables([(model, adapter, int(criticality))])
+        if isinstance(answer, Verdict):  # the service's process is gone
+            raise RemoteRefusal("unavailable", answer.message)
+        if answer.outcome:
+            if answer.outcome == "invalid":
+                raise InvalidArgument(answer.message)
+            raise RemoteRefusal(answer.outcome, answer.message)
+        msg = picker_pb2.WeightsTable.FromString(answer.tables[0])
+        return WeightsTable(
+            model, adapter, abi.Criticality(criticality),
+            tuple(EndpointShare(e.endpoint, e.weight, e.filtered_by, e.total)
+                  for e in msg.endpoints),
+            msg.snapshot_version, msg.snapshot_timestamp_ms, msg.timestamp_ms, msg.reason)
+
+
 class RemotePicker:
     """:class:`~epick.api.picker.PickerService`'s answers, asked of the service's process:
     what the HTTP front end (:class:`epick.api.http.HttpApi`) calls in a worker."""
 
     def __init__(self, decider: RemoteDecider) -> None:
         self.decider = decider
+        self.weights = RemoteWeights(decider)
 
     async def answer_pick(self, msg: picker_pb2.PickRequest, carrier=None):
-        # carrier: trace headers; the service's process decides, and tracing is not
-        # carried across the worker hop yet (docs/tracing.md).
+        # carrier: the HTTP request's headers; their trace context goes along in the
+        # PickRequest (the service's process traces the decision).
         import grpc
 
         from epick.api.decide import REFUSALS
 
-        answer = await self.decider.decide_async(msg, started=time.perf_counter(), full=True)
+        started = time.perf_counter()
+        carry_trace(msg, carrier)
+        answer = await self.decider.decide_async(msg, started=started, full=True)
         if isinstance(answer, Verdict):  # refused, or the service's process is gone
             return None, (REFUSALS[answer.outcome].grpc if answer.outcome in REFUSALS
                           else grpc.StatusCode.INTERNAL, answer.message)

@@ -11,6 +11,7 @@ import struct
 import msgspec
 
 __all__ = ["Hello", "Pick", "Refused", "Complete", "Report", "Answer", "Health", "Ack",
+           "Tables", "TablesAnswer",
            "ToHub", "ToWorker", "frame", "Frames"]
 
 _LEN = struct.Struct("<I")
@@ -68,6 +69,12 @@ class Answer(msgspec.Struct, tag=4, array_like=True):
     decision_id: str = ""
     response: bytes = b""
     """The serialized ``PickResponse`` when the Pick asked for it (``full``)."""
+    traceparent: str = ""
+    """A traced decision: the ``traceparent`` naming its span (the hub's
+    ``PickTracer.outgoing``), which ext_proc in the worker sets on the request it sends
+    on; ``""``: not traced."""
+    tracestate: str = ""
+    """The traced decision's ``tracestate`` (``""``: none)."""
 
 
 class Health(msgspec.Struct, tag=5, array_like=True):
@@ -94,8 +101,28 @@ class Ack(msgspec.Struct, tag=7, array_like=True):
     message: str = ""
 
 
-ToHub = Hello | Pick | Refused | Complete | Report
-ToWorker = Answer | Health | Ack
+class Tables(msgspec.Struct, tag=8, array_like=True):
+    """worker -> hub: the weights tables now (HTTP ``GET /v1/weights`` without a stream,
+    ``POST /v3/discovery:endpoints``), one per ``(model, adapter, criticality)`` key;
+    answered by a TablesAnswer."""
+
+    id: int
+    keys: list[tuple[str, str, int]]
+
+
+class TablesAnswer(msgspec.Struct, tag=9, array_like=True):
+    """hub -> worker: the answer to Tables ``id``: each table as a serialized
+    ``epick.v1.WeightsTable`` (in the keys' order), or the refusal's outcome (a
+    ``REFUSALS`` row: ``invalid``, ``unavailable``...) and message."""
+
+    id: int
+    tables: list[bytes]
+    outcome: str = ""
+    message: str = ""
+
+
+ToHub = Hello | Pick | Refused | Complete | Report | Tables
+ToWorker = Answer | Health | Ack | TablesAnswer
 
 _encoder = msgspec.msgpack.Encoder()
 

@@ -99,7 +99,7 @@ async def serve(spec: WorkerSpec) -> None:
     try:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for w in waits:
+        for w in (*waits, *pending):  # every task this worker started ends with it
             w.cancel()
         if remote.lost.is_set() and not stop.is_set():
             log.warning("front-end worker %d: the service's process is gone; stopping",

@@ -203,3 +203,102 @@ def test_the_http_front_end_in_workers_answers_as_the_service_does(tmp_path, fak
         refused = client.post("/v1/pick", json={"prompt": "no model"})
         assert refused.status_code == 400
         assert refused.json()["message"] == "PickRequest.model is required"
+
+
+def _workers_with_http(tmp_path, fake_vllm, *, flow: bool = False):
+    """A service with two workers serving ext_proc and HTTP over one idle replica."""
+    from epick_service import make_config as service_config
+
+    idle = fake_vllm(vllm_page(waiting=0, model="m"))
+    base = service_config([idle.address], policies=("load",), tmp=tmp_path)
+    config = msgspec.structs.replace(
+        base, http=cfg.HttpConfig(listen="127.0.0.1:0"),
+        ext_proc=cfg.ExtProcConfig(listen="127.0.0.1:0"),
+        openai=cfg.OpenAIConfig(base_model="m"),
+        flow_control=msgspec.structs.replace(base.flow_control, enabled=flow),
+        server=msgspec.structs.replace(base.server, workers=2))
+    return idle, config
+
+
+@pytest.mark.parametrize("flow", [False, True], ids=["direct", "flow_control"])
+def test_a_pick_decided_for_a_worker_keeps_its_trace(tmp_path, fake_vllm, flow):
+    """ext_proc in a worker names the service's span as the model server's parent, and
+    the HTTP front end's trace headers reach the service's tracer (with flow control on
+    too: the queued path)."""
+    import httpx
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from epick.tracing import PickTracer
+
+    idle, config = _workers_with_http(tmp_path, fake_vllm, flow=flow)
+    exporter = InMemorySpanExporter()
+    tracer = PickTracer(exporter=exporter, schedule_delay_ms=10)
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    traceparent = f"00-{trace_id}-{parent}-01"
+    try:
+        with running(config) as svc, httpx.Client(
+                base_url=f"http://127.0.0.1:{svc.service.http_port}", timeout=10) as client:
+            svc.service.hub.decider.tracer = tracer  # [tracing] on, spans kept in memory
+            _wait(lambda: client.get("/health").status_code == 200, what="/health")
+            with grpc.insecure_channel(f"127.0.0.1:{svc.ext_proc_port}") as channel:
+                stub = ep_grpc.ExternalProcessorStub(channel)
+                start = headers_msg(extra=(("traceparent", traceparent),
+                                           ("tracestate", "vendor=abc")))
+                responses = list(stub.Process(iter([start, body_msg(
+                    {"model": "m", "prompt": "hi"})]), timeout=10))
+            sent = set_headers(responses[1].request_body.response)
+            assert sent[HEADER] == idle.address
+            doc = client.post("/v1/pick", json={"model": "m", "prompt": "hello"},
+                              headers={"Traceparent": traceparent}).json()
+            assert doc["endpoint"] == idle.address
+            assert "explanation" not in doc  # asked for by the trace, not by the client
+            tracer.force_flush()
+            spans = exporter.get_finished_spans()
+    finally:
+        tracer.shutdown()
+    assert len(spans) == 2, [s.name for s in spans]
+    ext_span, http_span = sorted(spans, key=lambda s: s.start_time)
+    for span in spans:  # each a child of the caller's span, in the caller's trace
+        assert f"{span.context.trace_id:032x}" == trace_id
+        assert f"{span.parent.span_id:016x}" == parent
+        assert span.attributes["epick.endpoint"] == idle.address
+        assert [e.name for e in span.events][-3:] == ["filter", "score", "pick"]
+    # The model server's parent is the service's span (and the caller's tracestate).
+    assert sent["traceparent"] == (f"00-{trace_id}-{ext_span.context.span_id:016x}-01")
+    assert sent["tracestate"] == "vendor=abc"
+    assert http_span.context.span_id != ext_span.context.span_id
+
+
+def test_weights_and_eds_from_workers(tmp_path, fake_vllm):
+    """GET /v1/weights (one table) and POST /v3/discovery:endpoints answer from a worker
+    as from the service's process; the stream is refused, naming ``[server] workers``."""
+    import httpx
+
+    idle, config = _workers_with_http(tmp_path, fake_vllm)
+    with running(config) as svc, httpx.Client(
+            base_url=f"http://127.0.0.1:{svc.service.http_port}", timeout=10) as client:
+        _wait(lambda: client.get("/health").status_code == 200, what="/health")
+        _wait(lambda: client.get("/v1/weights", params={"model": "m"}).status_code == 200,
+              what="a weights table")
+        table = client.get("/v1/weights", params={"model": "m"}).json()
+        assert [(e["endpoint"], e["weight"]) for e in table["endpoints"]] == [
+            (idle.address, 1.0)]
+        assert int(table["snapshotVersion"]) > 0
+        eds = client.post("/v3/discovery:endpoints", json={"resourceNames": ["model=m"]})
+        assert eds.status_code == 200, eds.text
+        (cla,) = eds.json()["resources"]
+        lb = cla["endpoints"][0]["lbEndpoints"]
+        assert [e["endpoint"]["address"]["socketAddress"]["portValue"] for e in lb] == [
+            int(idle.address.rsplit(":", 1)[1])]
+        # A refusal made in the service's process (no model: WeightsHub's check) is said
+        # as there; one the worker makes itself (a bad criticality) too.
+        nameless = client.get("/v1/weights")
+        assert nameless.status_code == 400, nameless.text
+        assert nameless.json()["message"] == "WeightsRequest.model is required"
+        bad = client.post("/v3/discovery:endpoints",
+                          json={"resourceNames": ["model=m,criticality=7"]})
+        assert bad.status_code == 400 and "criticality" in bad.json()["message"]
+        stream = client.get("/v1/weights", params={"model": "m"},
+                            headers={"Accept": "text/event-stream"})
+        assert stream.status_code == 501
+        assert "[server] workers" in stream.json()["message"]

@@ -38,3 +38,27 @@ def test_a_frame_over_the_limit_is_refused_before_it_is_read():
     frames = wire.Frames(wire.ToHub)
     with pytest.raises(ValueError, match="over the"):
         frames.feed((wire.MAX_FRAME + 1).to_bytes(4, "little") + b"\x00")
+
+
+def test_an_answer_from_before_the_trace_fields_still_decodes():
+    """The trace context was appended to Answer: a frame without it reads as untraced."""
+    old = wire.frame(wire.Answer(3, "ok", "", "10.0.0.1:8000", [], "d-3", b""))
+    # Re-encode as the shorter layout an older hub sent (7 positions, no trace).
+    import msgspec
+
+    short = msgspec.msgpack.encode([4, 3, "ok", "", "10.0.0.1:8000", [], "d-3", b""])
+    frames = wire.Frames(wire.ToWorker)
+    (got,) = frames.feed(len(short).to_bytes(4, "little") + short)
+    assert got == frames.feed(old)[0] == wire.Answer(3, "ok", "", "10.0.0.1:8000", [], "d-3")
+    assert got.traceparent == "" and got.tracestate == ""
+    traced = wire.Answer(4, "ok", "", "e", [], "d-4", b"", "00-" + "1" * 32 + "-" + "2" * 16
+                         + "-01", "v=1")
+    assert frames.feed(wire.frame(traced)) == [traced]
+
+
+def test_tables_frames_round_trip():
+    ask = wire.Tables(9, [("m", "", 2), ("m", "a", 1)])
+    (got,) = wire.Frames(wire.ToHub).feed(wire.frame(ask))
+    assert got == ask
+    no = wire.TablesAnswer(9, [], "invalid", "bad name")
+    assert wire.Frames(wire.ToWorker).feed(wire.frame(no)) == [no]
