@@ -308,28 +308,32 @@ fn pendingLoad(now_ms: i64) sdk.Error!Load {
     return .{ .ahead = ahead, .picks = picks };
 }
 
-/// The i-th candidate is still being probed (fewer than `min_samples` samples of its own)
-/// and already has `probe_inflight` picks pending.
-fn probeFull(address: []const u8, load: Load) bool {
+/// The candidate whose model is `index` (null: none yet) is still being probed (fewer
+/// than `min_samples` samples of its own) and already has `probe_inflight` picks pending.
+fn probeFull(index: ?usize, load: Load) bool {
     if (cfg.probe_inflight == 0) return false;
-    const k = models.getIndex(address) orelse return false;
+    const k = index orelse return false;
     return models.values()[k].ttft.n < cfg.min_samples and load.picks[k] >= cfg.probe_inflight;
 }
 
-fn features(ctx: *const sdk.ScoreCtx, i: usize, ahead_by_model: []const i64) Features {
+/// `index`: the candidate's model in `models` (null: none yet).
+fn features(ctx: *const sdk.ScoreCtx, i: usize, index: ?usize, ahead_by_model: []const i64) Features {
     const work: f64 = @floatFromInt(ctx.work(i));
-    const kilo: f64 = @as(f64, @floatFromInt(uncached(ctx, i))) / 1000.0;
-    const ahead: i64 = if (models.getIndex(ctx.endpoint(i).address)) |k| ahead_by_model[k] else 0;
+    const tokens = uncached(ctx, i);
+    const kilo: f64 = @as(f64, @floatFromInt(tokens)) / 1000.0;
+    const ahead: i64 = if (index) |k| ahead_by_model[k] else 0;
     return .{
         .ttft = .{cfg.overhead_ktokens + kilo + @as(f64, @floatFromInt(ahead)) / 1000.0},
         .tpot = .{ 1, work },
-        .tokens = uncached(ctx, i),
+        .tokens = tokens,
     };
 }
 
-/// The model that predicts for `address`: its own once it has `min_samples`, else pooled.
-fn modelFor(address: []const u8) *const Model {
-    if (models.getPtr(address)) |m| {
+/// The model that predicts for the candidate whose model is `index` (null: none yet): its
+/// own once it has `min_samples`, else pooled.
+fn modelFor(index: ?usize) *const Model {
+    if (index) |k| {
+        const m = &models.values()[k];
         if (m.ttft.n >= cfg.min_samples) return m;
     }
     return &pooled;
@@ -354,16 +358,20 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
     var p_min: f64 = inf;
     const load = try pendingLoad(@max(latest_ms, ctx.snapshot.timestamp_ms));
     const full = try sdk.scratch().alloc(bool, out.len);
+    // Each candidate's model, looked up once (a string hash per lookup was most of this
+    // policy's own time at 64 endpoints).
+    const index = try sdk.scratch().alloc(?usize, out.len);
     var all_full = true;
     for (0..out.len) |i| {
-        full[i] = probeFull(ctx.endpoint(i).address, load);
+        index[i] = models.getIndex(ctx.endpoint(i).address);
+        full[i] = probeFull(index[i], load);
         all_full = all_full and full[i];
     }
     if (all_full) @memset(full, false);
     for (0..out.len) |i| {
-        var f = features(ctx, i, load.ahead);
+        var f = features(ctx, i, index[i], load.ahead);
         const address = ctx.endpoint(i).address;
-        const m = modelFor(address);
+        const m = modelFor(index[i]);
         const ti = m.ttft.predict(&f.ttft);
         const pi = m.tpot.predict(&f.tpot);
         t[i] = if (ti >= 1.0) ti else 1.0; // NaN too
@@ -459,8 +467,7 @@ fn remember(id: []const u8, address: []const u8, f: Features, at_ms: i64) sdk.Er
         if (oldest.at_ms >= latest_ms -| cfg.pending_ttl_ms and pending.count() < cfg.max_pending) break;
         dropPending(0);
     }
-    _ = try modelOf(address);
-    const model: u32 = @intCast(models.getIndex(address).?);
+    const model: u32 = @intCast(try modelIndex(address));
     const got = try pending.getOrPut(gpa, id);
     if (got.found_existing) {
         gpa.free(got.value_ptr.address);
@@ -482,6 +489,12 @@ fn dropPending(index: usize) void {
 }
 
 fn modelOf(address: []const u8) sdk.Error!*Model {
+    const k = try modelIndex(address); // first: it may grow (move) the values
+    return &models.values()[k];
+}
+
+/// The index in `models` of `address`'s model, made from the prior if it has none yet.
+fn modelIndex(address: []const u8) sdk.Error!usize {
     const got = try models.getOrPut(gpa, address);
     if (!got.found_existing) {
         got.key_ptr.* = gpa.dupe(u8, address) catch |err| {
@@ -492,7 +505,7 @@ fn modelOf(address: []const u8) sdk.Error!*Model {
         // the pooled coefficient is an average no endpoint has.
         got.value_ptr.* = .{ .ttft = Ttft.init(priorTtft()), .tpot = Tpot.init(priorTpot()) };
     }
-    return got.value_ptr;
+    return got.index;
 }
 
 pub fn postResponse(ev: *const sdk.PostResponse) sdk.Error!void {
