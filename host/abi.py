@@ -113,7 +113,7 @@ class Request(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     else the host's estimate (one token per 4 bytes of prompt, rounded up)."""
     session_id: str = ""
     """The conversation this request belongs to (``PickRequest.session_id``, else the
-    ``x-session-id`` header); empty = none."""
+    header ``[server] session_header`` names, ``x-session-id`` by default); empty = none."""
 
 
 class ScoreInput(msgspec.Struct, array_like=True, frozen=True, kw_only=True):

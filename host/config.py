@@ -96,6 +96,13 @@ class ServerConfig(_Table):
     allow_pinning: bool = False
     """Let a request force its endpoint (``PickRequest.pin_endpoint``, the ext_proc header
     ``x-epick-pin-endpoint``). Off: such requests are refused, naming this setting."""
+    session_header: Annotated[str, Meta(pattern=r"^[a-z0-9!#$%&'*+.^_`|~-]{1,128}$")] = (
+        "x-session-id")
+    """The request header that names a request's session (conversation) when
+    ``PickRequest.session_id`` is empty; it reaches policies as ``Request.session_id``
+    (the ``latency`` policy keeps a session on its endpoint until it saturates,
+    docs/scoring.md). A lower-case HTTP header name: every front end passes header names
+    in lower case."""
     loop_stall_warn_ms: Annotated[float, Meta(ge=0)] = 100.0
     """Log a warning naming what ran when the event loop is held longer than this (the
     lag itself is always measured: ``epick_event_loop_lag_seconds``); 0 = no warning."""

@@ -475,7 +475,8 @@ class Service:
         self.tracer = _tracer(self.config)
         picker = PickerService(self.scheduler, self.recorder,
                                allow_pinning=self.config.server.allow_pinning,
-                               weights=self.weights, tracer=self.tracer)
+                               weights=self.weights, tracer=self.tracer,
+                               session_header=self.config.server.session_header)
         picker_pb2_grpc.add_EndpointPickerServicer_to_server(picker, server)
         # Flow control sits in the one pick path; a reload reconfigures it there.
         picker.decider.configure_flow(self.config.flow_control)

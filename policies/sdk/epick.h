@@ -12,7 +12,9 @@
  *     0/empty and keeps the first message, so decode, then check `r.err` once — bad
  *     input becomes an error status, never a trap;
  *   - decoders for the ScoreInput / Snapshot / Request layouts into fixed arrays
- *     (unknown trailing elements skipped), and params-map iteration;
+ *     (unknown trailing elements skipped) with each candidate's values (in flight,
+ *     uncached tokens, ...: epick_read_score_input_values), for the PostResponseEvent
+ *     (TTFT, token counts: epick_read_post_response), and params-map iteration;
  *   - epick_fail(msg, detail): set the message the host reads, return status 1.
  * The policy itself defines `init` and `score` (or `filter`) with EPICK_EXPORT.
  *
@@ -27,6 +29,8 @@
 
 #define EPICK_ABI_VERSION 1
 #define EPICK_EXPORT(name) __attribute__((export_name(#name), used))
+/* A helper a policy may not call (the build has -Werror=unused-function). */
+#define EPICK_OPTIONAL static __attribute__((unused))
 
 /* ---- errors ----------------------------------------------------------------------- */
 
@@ -178,7 +182,7 @@ static epick_str epick_read_str(epick_reader *r, const char *what) {
     return s;
 }
 
-static int epick_str_eq(epick_str s, const char *lit) {
+EPICK_OPTIONAL int epick_str_eq(epick_str s, const char *lit) {
     uint32_t n = epick__cstrlen(lit);
     if (s.len != n) return 0;
     for (uint32_t i = 0; i < n; i++) if (s.ptr[i] != lit[i]) return 0;
@@ -266,11 +270,52 @@ static void epick_read_request(epick_reader *r, epick_request *q) {
     if (n > 12) epick_skip_n(r, n - 12, "request (trailing)");
 }
 
+/* What a ScoreInput carries per candidate after `candidates` (policies/ABI.md, elements
+ * 3-8), in candidate order. Point each array you want at room for `max_cands` values (NULL:
+ * skipped); a value the host did not send is the ABI's "empty" meaning: 0 for in_flight,
+ * picked_since_scrape and prefix_cleared_ms, -1 (unknown) for prefix_blocks, prefix_matched
+ * and uncached_tokens. uncached_tokens[i] = the prompt tokens candidate i would prefill by
+ * its engine's KV-cache events (-1: unknown; estimate from request.prompt_tokens). */
+typedef struct {
+    int64_t *in_flight, *picked_since_scrape, *prefix_blocks, *prefix_matched,
+        *prefix_cleared_ms, *uncached_tokens;
+} epick_candidate_values;
+
+static void epick__read_per_candidate(epick_reader *r, int64_t *out, uint32_t n_cands, int64_t empty,
+                                      const char *what) {
+    uint32_t m = epick_read_array(r, what);
+    if (r->err) return;
+    if (m != 0 && m != n_cands) {
+        r->err = what; /* neither empty nor one value per candidate */
+        return;
+    }
+    for (uint32_t i = 0; i < m && !r->err; i++) {
+        int64_t v = epick_read_int(r, what);
+        if (out) out[i] = v;
+    }
+    if (m == 0 && out)
+        for (uint32_t i = 0; i < n_cands; i++) out[i] = empty;
+}
+
+EPICK_OPTIONAL int32_t epick_read_score_input_values(const void *in, uint32_t len, epick_endpoint *eps,
+                                             uint32_t max_eps, uint32_t *n_eps, epick_request *q,
+                                             uint32_t *cands, uint32_t max_cands, uint32_t *n_cands,
+                                             const epick_candidate_values *values);
+
 /* Decode a ScoreInput with an inline snapshot (C policies do not export set_snapshot).
- * Returns 0, or 1 after epick_fail with a message naming what was wrong. */
-static int32_t epick_read_score_input(const void *in, uint32_t len, epick_endpoint *eps, uint32_t max_eps,
+ * Returns 0, or 1 after epick_fail with a message naming what was wrong. The values per
+ * candidate (uncached tokens, in flight, ...) are skipped: epick_read_score_input_values. */
+EPICK_OPTIONAL int32_t epick_read_score_input(const void *in, uint32_t len, epick_endpoint *eps, uint32_t max_eps,
                                       uint32_t *n_eps, epick_request *q, uint32_t *cands, uint32_t max_cands,
                                       uint32_t *n_cands) {
+    return epick_read_score_input_values(in, len, eps, max_eps, n_eps, q, cands, max_cands, n_cands, 0);
+}
+
+/* epick_read_score_input, and each array of `values` (NULL: none) filled for the candidates. */
+EPICK_OPTIONAL int32_t epick_read_score_input_values(const void *in, uint32_t len, epick_endpoint *eps,
+                                             uint32_t max_eps, uint32_t *n_eps, epick_request *q,
+                                             uint32_t *cands, uint32_t max_cands, uint32_t *n_cands,
+                                             const epick_candidate_values *values) {
     epick_reader r = epick_reader_of(in, len);
     uint32_t n = epick_read_array(&r, "ScoreInput");
     if (!r.err && n < 3) return epick_fail("ScoreInput needs [snapshot, request, candidates]", 0, 0);
@@ -296,9 +341,53 @@ static int32_t epick_read_score_input(const void *in, uint32_t len, epick_endpoi
         cands[i] = (uint32_t)v;
     }
     *n_cands = c;
-    if (n > 3) epick_skip_n(&r, n - 3, "ScoreInput (trailing)");
+    static const epick_candidate_values none = { 0, 0, 0, 0, 0, 0 };
+    const epick_candidate_values *v = values ? values : &none;
+    int64_t *arrays[6] = { v->in_flight, v->picked_since_scrape, v->prefix_blocks, v->prefix_matched,
+                           v->prefix_cleared_ms, v->uncached_tokens };
+    static const int64_t empty[6] = { 0, 0, -1, -1, 0, -1 };
+    static const char *const names[6] = { "in_flight", "picked_since_scrape", "prefix_blocks",
+                                          "prefix_matched", "prefix_cleared_ms", "uncached_tokens" };
+    for (uint32_t k = 0; k < 6 && !r.err; k++) {
+        if (n > 3 + k) epick__read_per_candidate(&r, arrays[k], c, empty[k], names[k]);
+        else if (arrays[k])
+            for (uint32_t i = 0; i < c; i++) arrays[k][i] = empty[k];
+    }
+    if (n > 9) epick_skip_n(&r, n - 9, "ScoreInput (trailing)");
     if (r.err) return epick_fail("malformed or truncated input at ", r.err, epick__cstrlen(r.err));
     if (r.p != r.end) return epick_fail("unexpected bytes after the ScoreInput", 0, 0);
+    return 0;
+}
+
+/* A PostResponseEvent (policies/ABI.md): the request finished. Fields the host did not
+ * send keep the ABI's defaults: ttft_ms -1.0, prompt_tokens and completion_tokens -1 (not
+ * reported). */
+typedef struct {
+    epick_str request_id, adapter, endpoint, model;
+    int64_t status; /* 0 OK, 1 ERROR, 2 CANCELLED */
+    int64_t timestamp_ms;
+    double ttft_ms; /* time to first token the gateway measured, ms; < 0: not reported */
+    int64_t prompt_tokens, completion_tokens;
+} epick_post_response;
+
+/* Decode a PostResponseEvent. Returns 0, or 1 after epick_fail naming what was wrong. */
+EPICK_OPTIONAL int32_t epick_read_post_response(const void *in, uint32_t len, epick_post_response *ev) {
+    epick_reader r = epick_reader_of(in, len);
+    epick_post_response z = { { "", 0 }, { "", 0 }, { "", 0 }, { "", 0 }, 0, 0, -1.0, -1, -1 };
+    *ev = z;
+    uint32_t n = epick_read_array(&r, "PostResponseEvent");
+    if (n > 0) ev->request_id = epick_read_str(&r, "PostResponseEvent.request_id");
+    if (n > 1) ev->adapter = epick_read_str(&r, "PostResponseEvent.adapter");
+    if (n > 2) ev->endpoint = epick_read_str(&r, "PostResponseEvent.endpoint");
+    if (n > 3) ev->status = epick_read_int(&r, "PostResponseEvent.status");
+    if (n > 4) ev->timestamp_ms = epick_read_int(&r, "PostResponseEvent.timestamp_ms");
+    if (n > 5) ev->model = epick_read_str(&r, "PostResponseEvent.model");
+    if (n > 6) ev->ttft_ms = epick_read_float(&r, "PostResponseEvent.ttft_ms");
+    if (n > 7) ev->prompt_tokens = epick_read_int(&r, "PostResponseEvent.prompt_tokens");
+    if (n > 8) ev->completion_tokens = epick_read_int(&r, "PostResponseEvent.completion_tokens");
+    if (n > 9) epick_skip_n(&r, n - 9, "PostResponseEvent (trailing)");
+    if (r.err) return epick_fail("malformed or truncated input at ", r.err, epick__cstrlen(r.err));
+    if (r.p != r.end) return epick_fail("unexpected bytes after the PostResponseEvent", 0, 0);
     return 0;
 }
 

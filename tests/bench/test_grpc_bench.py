@@ -70,3 +70,27 @@ def test_pin_gives_the_servers_one_cpu_and_scraping_the_others_in_a_valid_config
     assert serving == (allowed[0],) and scraping == tuple(allowed[1:])
     s = bench.Setup("x", 2, 50, serve_cpus=serving, worker_cpus=scraping)
     assert loads(s.config(1234)).pool.scrape_worker_cpus == list(scraping)
+
+
+def test_with_a_policy_serves_it_after_the_defaults_and_gives_its_p50_ratio():
+    from epick.config import loads
+
+    s = bench.Setup("x", 2, 50, extra="latency")
+    assert [p.name for p in loads(s.config(1234)).policies] == [
+        "load", "prefix-cache", "lora-affinity", "latency"]
+    assert [p.name for p in loads(bench.Setup("y", 2, 50).config(1)).policies] == [
+        "load", "prefix-cache", "lora-affinity"]
+
+    def setup(name, n, scrape_ms, pick_us, **kw):
+        out = bench.Setup(name, n, scrape_ms, **kw)
+        for key in ("seq_noop", "seq_pick", "par_noop", "par_pick", "stream_pick"):
+            out.phases[key] = bench.Phase()
+            out.phases[key].record([pick_us], 1.0)
+        return out
+
+    setups = [setup("8", 8, 50, 200.0), setup("8 off", 8, bench.NO_SCRAPE_MS, 200.0),
+              setup("8 +latency", 8, 50, 230.0, extra="latency")]
+    r = bench.ratios(setups, (8,))[-1]
+    assert (r.what, r.value, r.goal, r.ok) == (
+        "Pick p50 with ÷ without latency, 1 client, 8 endpoints", 230.0 / 200.0, "<= 1.10",
+        False)
