@@ -267,6 +267,7 @@ class VllmFleet:
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         workdir: pathlib.Path | None = None,
+        nice: int = 0,
     ) -> None:
         if replicas < 1:
             raise ValueError("a fleet needs at least one replica")
@@ -277,6 +278,11 @@ class VllmFleet:
         self.kv_cache_bytes = kv_cache_bytes
         self.extra_args = tuple(extra_args)
         self.env = dict(env or {})
+        if not 0 <= nice <= 19:
+            raise ValueError(f"nice must be 0-19, got {nice}")
+        #: The replicas' niceness: on a machine they share with epick (tests here), the
+        #: decision service is scheduled first, as it would be on a core of its own.
+        self.nice = nice
         self.workdir = workdir or CACHE / "run"
         self.replicas: list[Replica] = []
 
@@ -295,6 +301,7 @@ class VllmFleet:
             "topic": f"kv@127.0.0.1:{port}",
         }
         argv = [
+            *(["nice", "-n", str(self.nice)] if self.nice else []),
             str(python), str(HERE / "launch.py"), "serve", str(self.model_dir),
             "--served-model-name", SERVED_MODEL,
             "--host", "127.0.0.1", "--port", str(port),

@@ -176,3 +176,11 @@ def test_a_replica_that_never_gets_healthy_times_out_and_stop_ends_its_group(tmp
         r.stop(timeout_s=10)
     assert not r.running()
     r.stop()  # stopping again is harmless
+
+
+def test_a_niced_fleet_runs_its_replicas_under_nice_and_refuses_a_bad_value(tmp_path):
+    f = VllmFleet(1, nice=10, workdir=tmp_path / "run")
+    argv = f._replica(0, tmp_path / "python").argv
+    assert argv[:4] == ["nice", "-n", "10", str(tmp_path / "python")]
+    with pytest.raises(ValueError, match="nice must be 0-19"):
+        VllmFleet(1, nice=20)
