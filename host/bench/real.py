@@ -355,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[2.0, 5.0])
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per run")
     ap.add_argument("--workloads", type=lambda s: s.split(","), default=list(WORKLOADS))
+    ap.add_argument("--nice", type=int, default=10,
+                    help="the replicas' niceness, for their whole sessions (default 10): the "
+                    "engines share this machine's cores with epick and the driver, which "
+                    "otherwise went unscheduled for seconds at a time; 0 = as started")
     ap.add_argument("--routers", type=lambda s: s.split(","), default=list(ROUTERS))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tenants", type=int, default=6, help="shared-prefix tenants")
@@ -376,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     from epick.fleet import VllmFleet
 
     fleet = VllmFleet(args.replicas, env={"VLLM_SERVER_DEV_MODE": "1"},
-                      kv_cache_bytes=args.kv_cache_mb << 20)
+                      kv_cache_bytes=args.kv_cache_mb << 20, nice=args.nice)
     print(f"starting {args.replicas} vLLM-CPU replicas…", flush=True)
     with fleet:
         print(HEADER, flush=True)

@@ -7,12 +7,17 @@ the loop thread sits in ``selector.poll`` — the process is not scheduled, noth
 loop is slow — and the engines' own /metrics pages miss the 1 s scrape timeout, so both
 endpoints went stale and picks were refused UNAVAILABLE (2 runs of 4). A late page is a busy
 engine, not a dead one: the pool's last resort (``[pool] stale_grace_ms``) keeps late
-endpoints usable while none is fresh. With it, one run of three still had a Pick answered
-after 5.98 s: the loop watch sampled ``selector.poll`` through stalls of up to 1.6 s — the
-process was not scheduled at all, which nothing inside epick can change; the engines now
-run at niceness 10 (``VllmFleet(nice=10)``, tests/vllm/conftest.py), as a deployment that
-shares cores gives the decision service the CPU first. What this test holds to: every pick is answered with
-an endpoint within its deadline, and health stays SERVING."""
+endpoints usable while none is fresh. With it, picks still took up to 5.98 s in two runs of
+three: stalls of up to 2.6 s in which even the loop watch's own thread did not run — the
+process was not scheduled. The engines ran at niceness 10 and it changed nothing: each
+replica starts in a session of its own, and with the kernel's autogroup scheduling
+(``/proc/sys/kernel/sched_autogroup_enabled`` = 1 here) niceness only orders processes
+within a session, while sessions share the CPU equally. Giving the replicas' sessions
+niceness 10 (``/proc/PID/autogroup``, ``VllmFleet(nice=10)``) took the stalls from 17-25 a
+run to 0, and the picks in 20 s from 97-387 to 468: a deployment that shares cores must
+give the decision service the CPU first, and now the test fleet does. What this test holds
+to: every pick is answered with an endpoint within its deadline, and health stays
+SERVING."""
 
 from __future__ import annotations
 
