@@ -12,6 +12,11 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PIP_QUIET) $(PY) -m pip install -q -e '.[dev]'
+	# xds-protos (ext_proc's Envoy protos) carries an old copy of opentelemetry-proto's files
+	# in the same folder, and whichever package pip installs last wins: put tracing's back.
+	$(PY) -m pip install -q --force-reinstall --no-deps \
+		"opentelemetry-proto==$$($(PY) -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
+	$(PY) -c "from epick.tracing import check_otlp; check_otlp()"
 	touch $(STAMP)
 
 install: $(STAMP)

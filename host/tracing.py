@@ -155,6 +155,22 @@ def _stage_events(span, decision, request) -> None:
                             "epick.fallbacks": list(decision.fallbacks)})
 
 
+def check_otlp() -> None:
+    """Raise a clear error when the OTLP exporter cannot load. The usual cause: xds-protos
+    (Envoy's protos, which ext_proc uses) carries an old copy of opentelemetry-proto's files
+    in the same folder, and whichever of the two pip installed last wins; `make install`
+    reinstalls opentelemetry-proto after everything else for this reason."""
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # noqa: F401
+            OTLPSpanExporter,
+        )
+    except ImportError as exc:
+        raise RuntimeError(
+            f"[tracing]: the OTLP exporter does not load ({exc}); xds-protos has probably "
+            "overwritten opentelemetry-proto's files: run `pip install --force-reinstall "
+            "--no-deps opentelemetry-proto` in this environment") from exc
+
+
 class PickTracer:
     """Spans for decisions, exported over OTLP; built by the service from ``[tracing]``.
 
@@ -171,6 +187,7 @@ class PickTracer:
                  max_export_batch: int = 512, resource: Mapping[str, str] | None = None,
                  exporter: SpanExporter | None = None) -> None:
         if exporter is None:
+            check_otlp()
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
                 OTLPSpanExporter,
             )
