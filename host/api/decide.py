@@ -281,18 +281,9 @@ class Decider:
         try:
             pin = pin_of(msg, allow_pinning=self.allow_pinning)
             request = to_request(msg, self.session_header)
-            # Only the arguments a pick uses: the common case passes no keywords it ignores.
-            if pin:
-                decision = self.scheduler.schedule(request, explain=explain, pin=pin)
-            elif subset is not None:
-                decision = self.scheduler.schedule(request, explain=explain, subset=subset)
-            else:
-                decision = self.scheduler.schedule(request, explain=explain)
         except Exception as exc:
             return self.refuse(exc, started=t0)
-        if self._pick_done is not None:
-            self._pick_done("ok", time.perf_counter() - t0)
-        return Verdict(decision, "ok")
+        return self._schedule(request, explain, subset, pin, t0)
 
     # -- flow control ------------------------------------------------------------------
 
@@ -372,6 +363,7 @@ class Decider:
     def _schedule(self, request: abi.Request, explain: bool,
                   subset: Collection[str] | None, pin: str, t0: float) -> Verdict:
         try:
+            # Only the arguments a pick uses: the common case passes no keywords it ignores.
             if pin:
                 decision = self.scheduler.schedule(request, explain=explain, pin=pin)
             elif subset is not None:
