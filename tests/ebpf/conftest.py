@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import select
 import signal
 import subprocess
 import sys
@@ -46,6 +45,7 @@ sys.path.insert(0, str(EXAMPLE))
 sys.path.insert(0, str(REPO / "tests" / "envoy"))
 from agent import Balancer, BpfError  # noqa: E402
 from replica import replicas_fixture  # noqa: E402, F401  (the Envoy tests' replicas)
+from sim_fleet import sim_fleet as start_sim_fleet  # noqa: E402
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -229,26 +229,5 @@ def connect_many(cgroup):
 def sim_fleet() -> Iterator[list[str]]:
     """Three simulated replicas (real-time driver, 4 adapters, 1 LoRA slot each) in a
     child process, as tests/envoy/test_envoy_sim.py starts them; their addresses."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "epick.sim", "serve", "--replicas", "3", "--adapters", "4",
-         "--max-lora", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL)
-    try:
-        addresses: list[str] = []
-        buf = b""
-        deadline = time.monotonic() + 30
-        while len(addresses) < 3:
-            left = deadline - time.monotonic()
-            assert left > 0 and proc.poll() is None, "the simulated fleet did not start"
-            if select.select([proc.stdout], [], [], left)[0]:
-                buf += os.read(proc.stdout.fileno(), 4096)
-                *lines, buf = buf.split(b"\n")
-                addresses += [ln.split()[1].decode() for ln in lines if ln.startswith(b"READY ")]
+    with start_sim_fleet(3, adapters=4, max_lora=1) as addresses:
         yield addresses
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
