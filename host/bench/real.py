@@ -13,6 +13,8 @@ request list, open loop (arrivals at the workload's times, never waiting for ans
 - ``epick-precise``: another ``epick serve`` with ``precise-prefix`` in place of
   ``prefix-cache``, subscribed to every replica's KV-cache events (ZMQ, with replay) and
   tokenizing with the model's own tokenizer files;
+- ``epick-latency``: the defaults with the learning ``latency`` policy beside them (issue
+  30): it learns each replica's TTFT from the completions the driver reports;
 - ``legacy-v1``: an ``epick serve`` running only the seed's v1 router (``legacy-v1``, a
   filter: the seed's multi-LoRA graduation criterion is "v2 >= v1" on real engines);
 - ``round-robin``; ``least-queue`` (fewest ``num_requests_waiting`` on a 50 ms scrape of
@@ -54,10 +56,11 @@ from epick.sim import workload as wl
 
 __all__ = ["main"]
 
-ROUTERS = ("epick", "epick-precise", "legacy-v1", "round-robin", "least-queue")
+ROUTERS = ("epick", "epick-precise", "epick-latency", "legacy-v1", "round-robin", "least-queue")
 #: The routers that are an ``epick serve`` process, and the policies each runs.
 EPICK_POLICIES = {"epick": ("load", "prefix-cache", "lora-affinity"),
                   "epick-precise": ("load", "precise-prefix", "lora-affinity"),
+                  "epick-latency": ("load", "prefix-cache", "lora-affinity", "latency"),
                   "legacy-v1": ("legacy-v1",)}
 WORKLOADS = ("shared-prefix", "multi-lora", "zero-hit")
 
