@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -302,6 +303,7 @@ class VllmFleet:
         self.nice = nice
         self.workdir = workdir or CACHE / "run"
         self.replicas: list[Replica] = []
+        self._sigterm = None
 
     @property
     def model_dir(self) -> pathlib.Path:
@@ -357,8 +359,39 @@ class VllmFleet:
             r.stop()
 
     def __enter__(self) -> VllmFleet:
-        self.start()
+        self._sigterm = _exit_on_sigterm()
+        try:
+            self.start()
+        except BaseException:
+            self._restore_sigterm()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            self._restore_sigterm()
+
+    def _restore_sigterm(self) -> None:
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _exit_on_sigterm():
+    """While a fleet is up, SIGTERM unwinds the process (``SystemExit``) so ``__exit__``
+    stops the replicas: by default SIGTERM ends Python without running ``finally`` blocks,
+    and a killed ``epick bench real`` left two vLLM processes (~2 GB each) running in their
+    own sessions. Only the main thread can set handlers, and a handler the program set
+    itself (``python -m epick.fleet run``'s) is left alone. Returns the handler to restore,
+    or None when nothing was changed."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+    return signal.signal(signal.SIGTERM, _terminated)
