@@ -216,9 +216,16 @@ class Replica:
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.5)
+        tail = self.log_tail()
+        if not tail.strip():
+            # Seen when other work held both cores: a replica at niceness 10 printed nothing
+            # in 300 s (vLLM's imports alone take ~15 s on an idle core).
+            tail = (f"(the log is empty: the process has printed nothing yet; at niceness "
+                    f"{self.nice} on a busy machine it may not have been scheduled — check the "
+                    "load average)")
         raise FleetError(
             f"vLLM replica {self.index} ({self.address}) not healthy after {timeout_s:.0f} s; "
-            f"last lines of {self.log_path}:\n{self.log_tail()}"
+            f"last lines of {self.log_path}:\n{tail}"
         )
 
     def log_tail(self, n: int = 30) -> str:
