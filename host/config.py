@@ -440,7 +440,9 @@ class FlowControlConfig(_Table):
     """The pool's last free slots under ``max_in_flight`` (summed over the endpoints with
     room) kept for urgent requests: bands at or above ``protected_priority`` and, with
     ``precedence = "fairness"``, flows below their fair share of recent dispatches
-    (0: none). They then find a free slot instead of waiting for the next completion."""
+    (0: none), while requests wait in epick (a request arriving while none wait takes
+    any slot: unsaturated, the reserve costs nothing). Urgent requests then find a free
+    slot instead of waiting for the next completion."""
     max_requests: Annotated[int, Meta(ge=1)] = 1000
     """Requests one priority band holds; one more is refused (``rejected-queue-full``)."""
     max_bytes: Annotated[int, Meta(ge=1)] = 256 << 20

@@ -29,8 +29,10 @@ lower bands then compete with other tenants by fairness, not behind their higher
 
 Urgent requests -- bands at or above ``protected_priority``, and with ``precedence =
 "fairness"`` a flow below its fair share of the last :data:`SHARE_WINDOW` dispatches --
-may also take an endpoint's ``reserved_in_flight`` slots; when only those are free, only
-an urgent request is dispatched.
+may also take the pool's ``reserved_in_flight`` last free slots while requests wait; when
+only those are free, only an urgent request is dispatched from the queue. A request that
+arrives while nothing waits takes any slot (the pool is not saturated: the reserve is
+there to keep the backlog from taking every slot, and costs nothing unsaturated).
 
 Time comes from ``clock`` (seconds; ``time.monotonic`` by default): a simulator in virtual
 time passes its own and calls :meth:`pump` itself; the service's driver
@@ -249,7 +251,9 @@ class FlowController:
                payload: object = None) -> Ticket | None:
         """Queue one request, or ``None`` when it may go now (see the module doc); raises
         :class:`QueueFull`. ``deadline``: the caller's own, on this clock."""
-        if not self._count and self.has_room(self._urgent(priority, flow)):
+        # Nothing waits: not saturated, the reserve does not apply (it keeps slots from
+        # the backlog, so that an urgent request does not wait behind it).
+        if not self._count and self.has_room():
             self._dispatched(flow)
             if self.metrics:
                 child = self._direct.get(priority)

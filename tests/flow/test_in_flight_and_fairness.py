@@ -132,25 +132,29 @@ def test_a_full_endpoint_holds_requests_in_epick_until_a_completion():
     assert h.order[-1] == "n1"
 
 
-def test_reserved_slots_go_to_critical_only():
+def test_reserved_slots_go_to_critical_only_while_requests_wait():
     cfg = FlowControlConfig(enabled=True, queue_threshold=100, max_in_flight=3,
                             reserved_in_flight=1)
     h = Harness(cfg, view(1))
-    for i in range(3):
+    for i in range(5):
         h.submit(f"s{i}")
-    assert h.order == ["s0", "s1"]  # the third slot is reserved
-    h.submit("c0", priority=1)  # straight through, into the reserved slot
-    assert h.order == ["s0", "s1", "c0"] and h.fc.waiting == 1
-    h.complete()  # 2 in flight: only the reserved slot is free; the standard one waits
-    assert h.order == ["s0", "s1", "c0"]
+    # Nothing waited for the first three: not saturated, the reserve does not apply.
+    assert h.order == ["s0", "s1", "s2"] and h.fc.waiting == 2
+    h.complete()  # 1 free slot: the reserve; the standard backlog stays in epick
+    assert h.order == ["s0", "s1", "s2"]
+    h.submit("c0", priority=1)  # urgent: takes it
+    assert h.order[-1] == "c0"
     h.complete()
-    assert h.order[-1] == "s2"
+    assert h.order[-1] == "c0"
+    h.complete()  # 2 free: one for the backlog, one kept
+    assert h.order[-1] == "s3" and h.fc.waiting == 1
     # protected_priority moves the line: 0 makes STANDARD urgent too.
     h2 = Harness(FlowControlConfig(enabled=True, queue_threshold=100, max_in_flight=3,
                                    reserved_in_flight=1, protected_priority=0), view(1))
-    for i in range(3):
+    for i in range(4):
         h2.submit(f"s{i}")
-    assert h2.order == ["s0", "s1", "s2"]
+    h2.complete()
+    assert h2.order == ["s0", "s1", "s2", "s3"]
 
 
 # -- precedence = "fairness" -----------------------------------------------------------
@@ -219,28 +223,25 @@ def test_by_fairness_the_guard_serves_the_group_behind_a_critical_stream():
 def test_a_below_share_tenant_takes_the_reserved_slot_an_over_share_one_cannot():
     cfg = FlowControlConfig(enabled=True, queue_threshold=100, max_in_flight=3,
                             reserved_in_flight=1, precedence="fairness")
-    h = Harness(cfg, view(1))
-    h.submit("n0", flow="noisy")
-    h.submit("n1", flow="noisy")
-    h.submit("n2", flow="noisy")  # over its share (all the dispatches): not the reserve
-    assert h.order == ["n0", "n1"]
-    h.submit("q0", flow="quiet")  # no dispatch yet: below its share, takes the reserve
-    assert h.order == ["n0", "n1", "q0"]
-    # The same without fairness precedence: quiet is not urgent, it waits.
-    h2 = Harness(msgspec_replace(cfg, precedence="priority"), view(1))
-    for p in ("n0", "n1", "n2"):
-        h2.submit(p, flow="noisy")
-    h2.submit("q0", flow="quiet")
-    assert h2.order == ["n0", "n1"]
+    for precedence, expected in (("fairness", ["n0", "n1", "n2", "q0"]),
+                                 ("priority", ["n0", "n1", "n2"])):
+        h = Harness(msgspec_replace(cfg, precedence=precedence), view(1))
+        for i in range(4):
+            h.submit(f"n{i}", flow="noisy")
+        h.complete()  # only the reserve is free: noisy (every dispatch so far) waits
+        assert h.order == ["n0", "n1", "n2"]
+        h.submit("q0", flow="quiet")  # no dispatch yet: below its share
+        assert h.order == expected, precedence
 
 
 def test_a_lone_tenant_is_never_below_its_share():
     cfg = FlowControlConfig(enabled=True, queue_threshold=100, max_in_flight=2,
                             reserved_in_flight=1, precedence="fairness")
     h = Harness(cfg, view(1))
-    h.submit("a0")
-    h.submit("a1")
-    assert h.order == ["a0"]
+    for i in range(3):
+        h.submit(f"a{i}")
+    h.complete()
+    assert h.order == ["a0", "a1"]
 
 
 def test_share_window_forgets_old_dispatches():
@@ -354,3 +355,17 @@ def msgspec_replace(cfg, **kw):
     import msgspec
 
     return msgspec.structs.replace(cfg, **kw)
+
+
+def test_a_reload_applies_a_new_cap_and_reserve_to_what_waits():
+    cfg = FlowControlConfig(enabled=True, queue_threshold=100, max_in_flight=1)
+    h = Harness(cfg, view(1))
+    h.submit("a")
+    h.submit("b")
+    h.submit("c")
+    assert h.order == ["a"]
+    h.fc.configure(msgspec_replace(cfg, max_in_flight=3, reserved_in_flight=1))
+    h.fc.pump()
+    assert h.order == ["a", "b"]  # 2 in flight: 1 free, the reserve; c waits
+    h.submit("crit", priority=1)
+    assert h.order == ["a", "b", "crit"]
