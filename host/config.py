@@ -450,6 +450,12 @@ class FlowControlConfig(_Table):
     starvation_limit: Annotated[int, Meta(ge=0)] = 16
     """A waiting band passed over this many dispatches in a row is served next (0: strict
     priority, a low band may wait until its TTL)."""
+    urgent_placement: Literal["scheduler", "least-busy"] = "scheduler"
+    """Where an urgent request (see ``reserved_in_flight``) may go: ``scheduler``: any
+    endpoint with room; ``least-busy``: only those with room and the fewest picks since
+    their last scrape, then the fewest in flight (its prefill shares the engine's next
+    steps with the fewest others). The scheduler chooses among them; in a pool whose
+    endpoints serve different models it may find none for the request's model."""
     precedence: Literal["priority", "fairness"] = "priority"
     """What orders first. ``priority``: bands strictly first (with the starvation guard),
     then flows take turns within a band. ``fairness``: bands at or above

@@ -12,7 +12,7 @@ real ``epick.flow.FlowController`` on the simulator's clock, pumped after every 
 engine step and scrape). Two tenants (fairness ids) at a 10:1 request rate; 10% CRITICAL,
 30% SHEDDABLE, the rest STANDARD.
 
-Flow control runs six times: with the defaults; with ``queue_threshold`` 1 (a request is
+Flow control runs seven times: with the defaults; with ``queue_threshold`` 1 (a request is
 let through to a replica only when its scraped queue is empty and nothing was sent to it
 since that scrape: the tightest bound, at most one new request per replica per scrape);
 with ``max_in_flight`` = ``max_num_seqs`` (``mif=8``: a replica is given at most as many
@@ -20,7 +20,9 @@ requests as its batch holds, counted by epick itself, so a dispatched request st
 once); that with ``precedence = "fairness"`` (``fair``: below CRITICAL, tenants take turns
 first, then bands within a tenant); and that with ``reserved_in_flight`` 4 and 6 (``r=N``:
 the pool's last N free slots only for urgent requests: CRITICAL, and a tenant below its
-fair share of dispatch).
+fair share of dispatch); and the last of those with ``urgent_placement = "least-busy"``
+(``lb``: an urgent request goes to the endpoints with the fewest picks since their
+scrape, then the fewest in flight).
 
 Per run: p90 TTFT (from arrival, queue wait included) of CRITICAL requests (and the p90 of
 its two parts: the wait in epick's queue, and from reaching the engine), of each tenant
@@ -266,7 +268,8 @@ def run(*, quick: bool = False, seed: int = 1, scrape_interval_ms: float = 50.0,
     """Capacity, then every multiple with flow control off, on (the defaults), on with
     ``queue_threshold`` = ``low_threshold``, on with ``max_in_flight`` = the batch size,
     that with ``precedence = "fairness"``, and that with each of :data:`RESERVES` as
-    ``reserved_in_flight``; the JSON-shaped results."""
+    ``reserved_in_flight``, and the last with ``urgent_placement = "least-busy"``; the
+    JSON-shaped results."""
     from epick.bench.quality import BENCH_LIMITS, DEFAULT_WEIGHTS, wasm_set
     from epick.runtime import Runtime
     from epick.sim.config import DEFAULT_CONFIG
@@ -282,7 +285,10 @@ def run(*, quick: bool = False, seed: int = 1, scrape_interval_ms: float = 50.0,
              (f"on mif={batch}", capped),
              (f"on mif={batch} fair", msgspec.structs.replace(capped, precedence="fairness")),
              *((f"on mif={batch} fair r={r}", msgspec.structs.replace(
-                 capped, precedence="fairness", reserved_in_flight=r)) for r in RESERVES))
+                 capped, precedence="fairness", reserved_in_flight=r)) for r in RESERVES),
+             (f"on mif={batch} fair r={RESERVES[-1]} lb", msgspec.structs.replace(
+                 capped, precedence="fairness", reserved_in_flight=RESERVES[-1],
+                 urgent_placement="least-busy")))
     scrape_s = scrape_interval_ms / 1000
     say = progress or (lambda _s: None)
     out: dict = {"replicas": replicas, "max_num_seqs": batch, "duration_s": duration,

@@ -165,6 +165,7 @@ class FlowController:
                 or old.fairness_weights != config.fairness_weights):
             self.fairness = make_fairness(config.fairness, config.fairness_weights)
         self._protected = config.protected_priority
+        self._least_busy = config.urgent_placement == "least-busy"
         if regroup:
             self._by_flow = config.precedence == "fairness"
             self._recent.clear()
@@ -214,6 +215,17 @@ class FlowController:
         self.room = room if len(room) < total else None
         return bool(room)
 
+    def _place_urgent(self) -> None:
+        """``urgent_placement = "least-busy"``: narrow :attr:`room` to the endpoints with
+        the fewest picks since their scrape, then the fewest in flight."""
+        room = self.room if self.room is not None else self._view().addresses
+        if len(room) < 2:
+            return
+        c = self._counts
+        keys = {a: (c.picked_since_scrape(a), c.in_flight(a)) for a in room}
+        best = min(keys.values())
+        self.room = tuple(a for a in room if keys[a] == best)
+
     def _urgent(self, priority: int, flow: str) -> bool:
         """May it take reserved slots: a protected band, or (``precedence =
         "fairness"``) a flow below its fair share of the recent dispatches."""
@@ -254,6 +266,8 @@ class FlowController:
         # Nothing waits: not saturated, the reserve does not apply (it keeps slots from
         # the backlog, so that an urgent request does not wait behind it).
         if not self._count and self.has_room():
+            if self._least_busy and self._urgent(priority, flow):
+                self._place_urgent()
             self._dispatched(flow)
             if self.metrics:
                 child = self._direct.get(priority)
@@ -443,13 +457,17 @@ class FlowController:
             room, open_, total = self._rooms()
             if open_ or not total:
                 ticket = self._next()
-                self._set_room(room if self._urgent(ticket.priority, ticket.flow) else open_,
-                               total)
+                urgent = self._urgent(ticket.priority, ticket.flow)
+                self._set_room(room if urgent else open_, total)
+                if urgent and self._least_busy:
+                    self._place_urgent()
             elif room:  # only reserved slots are free: only an urgent request goes
                 ticket = self._next_urgent()
                 if ticket is None:
                     break
                 self._set_room(room, total)
+                if self._least_busy:
+                    self._place_urgent()
             else:
                 break
             self._remove(ticket, "dispatched", now)

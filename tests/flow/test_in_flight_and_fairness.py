@@ -369,3 +369,42 @@ def test_a_reload_applies_a_new_cap_and_reserve_to_what_waits():
     assert h.order == ["a", "b"]  # 2 in flight: 1 free, the reserve; c waits
     h.submit("crit", priority=1)
     assert h.order == ["a", "b", "crit"]
+
+
+def test_least_busy_placement_narrows_an_urgent_requests_room():
+    cfg = FlowControlConfig(enabled=True, queue_threshold=100, max_in_flight=4,
+                            urgent_placement="least-busy")
+    h = Harness(cfg, view(3))
+    a, b, c = h.view.addresses
+    for address, picks, scraped in ((a, 2, False), (b, 3, True), (c, 1, True)):
+        for _ in range(picks):
+            h.ledger.picked(address)
+        if scraped:
+            h.ledger.scraped(address)
+    # a: 2 picks since its scrape; b: 0, 3 in flight; c: 0, 1 in flight.
+    assert h.fc.submit(flow="", priority=1, payload="crit") is None
+    assert h.fc.room == (c,)
+    assert h.fc.submit(flow="", priority=0, payload="std") is None
+    assert h.fc.room is None  # not urgent: anywhere with room, as the scheduler likes
+    # The default placement leaves an urgent request's room alone.
+    h2 = Harness(msgspec_replace(cfg, urgent_placement="scheduler"), view(3))
+    h2.ledger.picked(a)
+    assert h2.fc.submit(flow="", priority=1, payload="crit") is None
+    assert h2.fc.room is None
+
+
+def test_least_busy_placement_applies_to_a_queued_urgent_request():
+    cfg = FlowControlConfig(enabled=True, queue_threshold=100, max_in_flight=1,
+                            urgent_placement="least-busy")
+    h = Harness(cfg, view(2))
+    a, b = h.view.addresses
+    h.submit("s0")
+    h.submit("s1")  # both endpoints full now (one each)
+    assert sorted(h.where) == [a, b]
+    h.submit("crit", priority=1)
+    h.ledger.picked(a)  # a: 1 pick since its scrape (the Harness scrapes on send)
+    h.ledger.completed(a)
+    h.ledger.completed(a)
+    h.ledger.completed(b)  # both have room; a had a pick since its scrape, b none
+    h.fc.pump()
+    assert h.order[-1] == "crit" and h.where[-1] == b
