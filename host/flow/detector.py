@@ -22,7 +22,8 @@ address (replicas of different sizes); an address not listed takes ``max_in_flig
 
 ``reserved_in_flight`` keeps the pool's last free slots for urgent requests: when the
 free slots under the caps, summed over the endpoints with room, are this many or fewer,
-there is room only for an urgent request (:meth:`rooms` gives both answers). A pool that
+there is room only for an urgent request (:meth:`rooms` gives both answers; the
+controller applies the reserve only while requests wait in its queue). A pool that
 is full has a free slot only when a request completes, so without a reserve even the
 first request in epick's queue waits for the next completion somewhere in the pool;
 counted over the pool, the reserve binds only when the pool is nearly full (an endpoint
