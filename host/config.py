@@ -463,8 +463,9 @@ class FlowControlConfig(_Table):
     first and each flow's own highest band goes -- a tenant's lower bands no longer wait
     behind another tenant's higher ones."""
     protected_priority: int = 1
-    """``precedence = "fairness"``: bands at or above this (CRITICAL's 1) go strictly
-    first, across all flows."""
+    """Bands at or above this (CRITICAL's 1) are urgent (``reserved_in_flight``,
+    ``urgent_placement``); with ``precedence = "fairness"`` they also go strictly first,
+    across all flows."""
     fairness: Literal["round-robin", "weighted"] = "round-robin"
     """How flows (fairness ids) of one band take turns."""
     fairness_weights: dict[str, Annotated[float, Meta(gt=0)]] = {}
