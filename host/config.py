@@ -429,6 +429,20 @@ class FlowControlConfig(_Table):
     that scrape reach this."""
     kv_threshold: Annotated[float, Meta(gt=0, le=1)] = 0.8
     """...or when its KV-cache use reaches this. Stale metrics count as saturated."""
+    max_in_flight: Annotated[int, Meta(ge=0)] = 0
+    """...or when the requests epick picked for it and has not seen complete reach this
+    (0: no such cap). Set to the engines' batch size (vLLM ``max_num_seqs``) so that a
+    dispatched request starts at once and the rest wait in epick, in order."""
+    max_in_flight_endpoints: dict[str, Annotated[int, Meta(ge=0)]] = {}
+    """Endpoint address -> its own ``max_in_flight`` (0: no cap), for replicas of
+    different sizes; an address not listed takes ``max_in_flight``."""
+    reserved_in_flight: Annotated[int, Meta(ge=0)] = 0
+    """The pool's last free slots under ``max_in_flight`` (summed over the endpoints with
+    room) kept for urgent requests: bands at or above ``protected_priority`` and, with
+    ``precedence = "fairness"``, flows below their fair share of recent dispatches
+    (0: none), while requests wait in epick (a request arriving while none wait takes
+    any slot: unsaturated, the reserve costs nothing). Urgent requests then find a free
+    slot instead of waiting for the next completion."""
     max_requests: Annotated[int, Meta(ge=1)] = 1000
     """Requests one priority band holds; one more is refused (``rejected-queue-full``)."""
     max_bytes: Annotated[int, Meta(ge=1)] = 256 << 20
@@ -436,6 +450,22 @@ class FlowControlConfig(_Table):
     starvation_limit: Annotated[int, Meta(ge=0)] = 16
     """A waiting band passed over this many dispatches in a row is served next (0: strict
     priority, a low band may wait until its TTL)."""
+    urgent_placement: Literal["scheduler", "least-busy"] = "scheduler"
+    """Where an urgent request (see ``reserved_in_flight``) may go: ``scheduler``: any
+    endpoint with room; ``least-busy``: only those with room and the fewest picks since
+    their last scrape, then the fewest in flight (its prefill shares the engine's next
+    steps with the fewest others). The scheduler chooses among them; in a pool whose
+    endpoints serve different models it may find none for the request's model."""
+    precedence: Literal["priority", "fairness"] = "priority"
+    """What orders first. ``priority``: bands strictly first (with the starvation guard),
+    then flows take turns within a band. ``fairness``: bands at or above
+    ``protected_priority`` still go first; below it, the flows (fairness ids) take turns
+    first and each flow's own highest band goes -- a tenant's lower bands no longer wait
+    behind another tenant's higher ones."""
+    protected_priority: int = 1
+    """Bands at or above this (CRITICAL's 1) are urgent (``reserved_in_flight``,
+    ``urgent_placement``); with ``precedence = "fairness"`` they also go strictly first,
+    across all flows."""
     fairness: Literal["round-robin", "weighted"] = "round-robin"
     """How flows (fairness ids) of one band take turns."""
     fairness_weights: dict[str, Annotated[float, Meta(gt=0)]] = {}

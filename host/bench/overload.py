@@ -12,11 +12,20 @@ real ``epick.flow.FlowController`` on the simulator's clock, pumped after every 
 engine step and scrape). Two tenants (fairness ids) at a 10:1 request rate; 10% CRITICAL,
 30% SHEDDABLE, the rest STANDARD.
 
-Flow control runs twice: with the defaults and with ``queue_threshold`` 1 (a request is
+Flow control runs seven times: with the defaults; with ``queue_threshold`` 1 (a request is
 let through to a replica only when its scraped queue is empty and nothing was sent to it
-since that scrape: the tightest bound, at most one new request per replica per scrape).
+since that scrape: the tightest bound, at most one new request per replica per scrape);
+with ``max_in_flight`` = ``max_num_seqs`` (``mif=8``: a replica is given at most as many
+requests as its batch holds, counted by epick itself, so a dispatched request starts at
+once); that with ``precedence = "fairness"`` (``fair``: below CRITICAL, tenants take turns
+first, then bands within a tenant); and that with ``reserved_in_flight`` 4 and 6 (``r=N``:
+the pool's last N free slots only for urgent requests: CRITICAL, and a tenant below its
+fair share of dispatch); and the last of those with ``urgent_placement = "least-busy"``
+(``lb``: an urgent request goes to the endpoints with the fewest picks since their
+scrape, then the fewest in flight).
 
-Per run: p90 TTFT (from arrival, queue wait included) of CRITICAL requests, of each tenant
+Per run: p90 TTFT (from arrival, queue wait included) of CRITICAL requests (and the p90 of
+its two parts: the wait in epick's queue, and from reaching the engine), of each tenant
 (all, and without its SHEDDABLE requests) and overall; the makespan (last first token); served and refused by reason, and lost (must be 0); the engines' queue
 (``num_requests_waiting``) at each scrape: its max, and how often it exceeded the
 detector's threshold plus what epick sent that replica since its previous scrape.
@@ -41,6 +50,8 @@ from epick.scheduler.scheduler import Scheduler, SchedulingError
 __all__ = ["run", "table", "MULTIPLES"]
 
 MULTIPLES = (0.5, 1.5, 3.0)
+#: ``reserved_in_flight`` values run (with max_in_flight = the batch, fairness first).
+RESERVES = (4, 6)
 CRIT_SHARE, SHED_SHARE = 0.10, 0.30
 NOISY_SHARE = 10 / 11
 #: Criticality -> priority band (as epick.api.decide maps it).
@@ -59,6 +70,8 @@ class Arrival:
     criticality: int
     outcome: str = ""
     ttft_s: float | None = None
+    sent_s: float | None = None
+    """When it reached an engine (after any wait in epick's queue)."""
 
 
 def workload(rate: float, duration_s: float, seed: int, *, mixed: bool = True
@@ -145,6 +158,7 @@ class _Run:
                 return
             i = index[decision.endpoint]
             reps[i].submit(a.request_id, a.prompt, a.max_tokens, self.now, handle=a)
+            a.sent_s = self.now
             busy += 1
             reschedule(i)
 
@@ -228,8 +242,11 @@ def summarize(arrivals: list[Arrival], samples: list) -> dict:
     out["lost"] = len(arrivals) - sum(out[k] for k in (
         "served", "shed", "queue_full", "queue_expired", "unavailable", "error"))
     out["ttft_p90_s"] = _p90([a.ttft_s for a in served])
-    out["critical_ttft_p90_s"] = _p90([a.ttft_s for a in served
-                                       if a.criticality == abi.Criticality.CRITICAL])
+    critical = [a for a in served if a.criticality == abi.Criticality.CRITICAL]
+    out["critical_ttft_p90_s"] = _p90([a.ttft_s for a in critical])
+    # CRITICAL's TTFT split: the wait in epick's queue, and from reaching the engine.
+    out["critical_wait_p90_s"] = _p90([a.sent_s - a.t for a in critical])
+    out["critical_engine_p90_s"] = _p90([a.t + a.ttft_s - a.sent_s for a in critical])
     for tenant in ("quiet", "noisy"):
         out[f"{tenant}_ttft_p90_s"] = _p90([a.ttft_s for a in served if a.tenant == tenant])
         out[f"{tenant}_unshed_ttft_p90_s"] = _p90(
@@ -248,21 +265,33 @@ def summarize(arrivals: list[Arrival], samples: list) -> dict:
 def run(*, quick: bool = False, seed: int = 1, scrape_interval_ms: float = 50.0,
         replicas: int = 4, progress=None, weights: dict[str, float] | None = None,
         low_threshold: int = 1) -> dict:
-    """Capacity, then every multiple with flow control off, on (the defaults) and on with
-    ``queue_threshold`` = ``low_threshold``; the JSON-shaped results."""
+    """Capacity, then every multiple with flow control off, on (the defaults), on with
+    ``queue_threshold`` = ``low_threshold``, on with ``max_in_flight`` = the batch size,
+    that with ``precedence = "fairness"``, and that with each of :data:`RESERVES` as
+    ``reserved_in_flight``, and the last with ``urgent_placement = "least-busy"``; the
+    JSON-shaped results."""
     from epick.bench.quality import BENCH_LIMITS, DEFAULT_WEIGHTS, wasm_set
     from epick.runtime import Runtime
     from epick.sim.config import DEFAULT_CONFIG
 
-    config = msgspec.structs.replace(DEFAULT_CONFIG, max_num_seqs=8)
+    batch = 8
+    config = msgspec.structs.replace(DEFAULT_CONFIG, max_num_seqs=batch)
     duration = 10.0 if quick else 30.0
     flow = FlowControlConfig(enabled=True)
+    capped = msgspec.structs.replace(flow, max_in_flight=batch)
     modes = (("off", None), ("on", flow),
              (f"on q={low_threshold}", msgspec.structs.replace(
-                 flow, queue_threshold=low_threshold)))
+                 flow, queue_threshold=low_threshold)),
+             (f"on mif={batch}", capped),
+             (f"on mif={batch} fair", msgspec.structs.replace(capped, precedence="fairness")),
+             *((f"on mif={batch} fair r={r}", msgspec.structs.replace(
+                 capped, precedence="fairness", reserved_in_flight=r)) for r in RESERVES),
+             (f"on mif={batch} fair r={RESERVES[-1]} lb", msgspec.structs.replace(
+                 capped, precedence="fairness", reserved_in_flight=RESERVES[-1],
+                 urgent_placement="least-busy")))
     scrape_s = scrape_interval_ms / 1000
     say = progress or (lambda _s: None)
-    out: dict = {"replicas": replicas, "max_num_seqs": 8, "duration_s": duration,
+    out: dict = {"replicas": replicas, "max_num_seqs": batch, "duration_s": duration,
                  "seed": seed, "scrape_interval_ms": scrape_interval_ms,
                  "flow_control": msgspec.to_builtins(flow), "runs": []}
     with Runtime(limits=BENCH_LIMITS) as runtime:
@@ -299,7 +328,8 @@ def _fmt(v) -> str:
 COLUMNS = (("multiple", "x cap"), ("flow_control", "flow"), ("requests", "reqs"),
            ("served", "served"), ("shed", "shed"), ("queue_full", "full"),
            ("queue_expired", "ttl"), ("lost", "lost"), ("ttft_p90_s", "p90 all"),
-           ("critical_ttft_p90_s", "p90 CRIT"), ("quiet_ttft_p90_s", "p90 quiet"),
+           ("critical_ttft_p90_s", "p90 CRIT"), ("critical_wait_p90_s", "CRIT wait"),
+           ("critical_engine_p90_s", "CRIT engine"), ("quiet_ttft_p90_s", "p90 quiet"),
            ("quiet_unshed_ttft_p90_s", "p90 quiet non-SHED"),
            ("noisy_ttft_p90_s", "p90 noisy"), ("makespan_s", "makespan"),
            ("engine_waiting_max", "eng wait max"),

@@ -1,6 +1,7 @@
 """Flow control: hold, order and shed requests while the pool is saturated.
 
-``detector`` (is there room: scraped queue/KV plus what epick sent since each scrape),
+``detector`` (is there room: scraped queue/KV plus what epick sent since each scrape,
+what it has in flight, and the reserve for urgent requests),
 ``rules`` (the ordering and fairness plugins and their registries), ``controller`` (the
 queues per (priority band, fairness id), dispatch, TTL, capacity; a clock seam so a
 simulator in virtual time can drive it). docs/flow-control.md has the semantics.

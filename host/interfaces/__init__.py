@@ -17,12 +17,12 @@ import-linter contracts that `make lint` runs.
 Modules: ``view`` (PoolView, EndpointInfo), ``cycle`` (Cycle, AssignmentView, KvCounts),
 ``plugins`` (the protocols, Capabilities, PluginError, Picker), ``errors``
 (PolicyFailure, FailureKind, STATUS), ``flow`` (flow control's ordering and fairness
-rules: FlowItem, OrderingPolicy, FairnessPolicy).
+rules: FlowItem, OrderingPolicy, FairnessPolicy, ACROSS_BANDS).
 """
 
 from epick.interfaces.cycle import AssignmentView, Cycle, KvCounts
 from epick.interfaces.errors import STATUS, FailureKind, PolicyFailure, Status, status_of
-from epick.interfaces.flow import FairnessPolicy, FlowItem, OrderingPolicy
+from epick.interfaces.flow import ACROSS_BANDS, FairnessPolicy, FlowItem, OrderingPolicy
 from epick.interfaces.plugins import (
     EXTENSION_POINTS,
     Capabilities,
@@ -39,6 +39,7 @@ from epick.interfaces.plugins import (
 from epick.interfaces.view import EndpointInfo, PoolView
 
 __all__ = [
+    "ACROSS_BANDS",
     "PoolView",
     "EndpointInfo",
     "Cycle",

@@ -8,7 +8,10 @@ request is dispatched next, and both are plugins behind these protocols:
 - :class:`OrderingPolicy`: which request of a flow goes next (its sort key).
 
 The band is chosen by the controller itself (highest priority first, with a bounded
-starvation guard). Plugins see only :class:`FlowItem` facts, never the request's body.
+starvation guard), or, with ``[flow_control] precedence = "fairness"``, below
+``protected_priority`` the flow is chosen first (:class:`FairnessPolicy` called with the
+band :data:`ACROSS_BANDS` and every flow waiting in those bands) and then that flow's own
+highest band. Plugins see only :class:`FlowItem` facts, never the request's body.
 They run on the thread that owns the controller (the event loop), one call at a time.
 """
 
@@ -17,7 +20,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["FlowItem", "OrderingPolicy", "FairnessPolicy"]
+__all__ = ["FlowItem", "OrderingPolicy", "FairnessPolicy", "ACROSS_BANDS"]
+
+ACROSS_BANDS = -(1 << 62)
+"""The ``band`` a :class:`FairnessPolicy` is asked about when flows take turns across
+every band below ``protected_priority`` (``precedence = "fairness"``); no real band."""
 
 
 class FlowItem(Protocol):
@@ -58,7 +65,8 @@ class FairnessPolicy(Protocol):
 
     def choose(self, band: int, flows: Sequence[str]) -> str:
         """One of ``flows`` (the band's non-empty flows, in the order they first
-        queued; never empty). Called once per dispatch from that band, so a stateful
+        queued; never empty; for :data:`ACROSS_BANDS`, the flows waiting in any band
+        below ``protected_priority``). Called once per dispatch from that band, so a stateful
         rule (round-robin) may advance on each call."""
         ...
 
