@@ -18,7 +18,8 @@ from epick import config as cfg
 from epick.api.gen.epick.v1 import picker_pb2 as pb
 
 BASE = "m"
-BUSY = vllm_page(waiting=9, model=BASE)
+BUSY_WAITING = 9
+BUSY = vllm_page(waiting=BUSY_WAITING, model=BASE)
 IDLE = vllm_page(waiting=0, model=BASE)
 
 
@@ -48,6 +49,32 @@ def wait_fresh(svc, timeout=5.0):
     raise AssertionError("the engine never became fresh")
 
 
+# The service's state is polled, not slept on: a scrape or a queued call can take far
+# longer than usual on a loaded machine (fixed 0.1-0.3 s sleeps failed there).
+def wait_until(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting: {what}"
+        time.sleep(0.01)
+
+
+def wait_saturated(svc) -> None:
+    """Until the busy page has been scraped and the flow controller sees no room. The page
+    itself is checked: a test's own pick also fills the threshold until the next scrape, so
+    "no room" alone can be seen before the busy page arrives (and room come back after)."""
+    def busy() -> bool:
+        decider = svc.service._decider
+        eps = decider.scheduler.current_view().snapshot.endpoints
+        return bool(eps) and all(e.waiting >= BUSY_WAITING for e in eps) \
+            and not decider.flow.has_room()
+    wait_until(lambda: svc.call(busy), "the busy page scraped")
+
+
+def wait_queued(svc, n: int) -> None:
+    wait_until(lambda: svc.call(lambda: svc.service._decider.flow.waiting) >= n,
+               f"{n} requests waiting")
+
+
 def test_unsaturated_goes_straight_through(fake_vllm, served):
     engine = fake_vllm(IDLE)
     svc, _ = served(engine)
@@ -61,7 +88,7 @@ def test_ttl_refuses_with_the_reason_over_grpc_and_http(fake_vllm, served):
     svc, client = served(engine, ttl_ms=300, queue_threshold=2)
     wait_fresh(svc)
     engine.page = BUSY
-    time.sleep(0.2)  # scraped: 9 waiting >= 2
+    wait_saturated(svc)  # scraped: 9 waiting >= 2
     t0 = time.monotonic()
     with pytest.raises(grpc.RpcError) as err:
         svc.picker.Pick(pb.PickRequest(model=BASE), timeout=5)
@@ -77,7 +104,7 @@ def test_ttl_refuses_with_the_reason_over_grpc_and_http(fake_vllm, served):
 def test_the_callers_deadline_ends_the_wait_sooner(fake_vllm, served):
     engine = fake_vllm(BUSY)
     svc, _ = served(engine, ttl_ms=60_000)
-    time.sleep(0.3)
+    wait_saturated(svc)
     t0 = time.monotonic()
     with pytest.raises(grpc.RpcError) as err:
         svc.picker.Pick(pb.PickRequest(model=BASE), timeout=0.4)
@@ -95,10 +122,10 @@ def test_the_callers_deadline_ends_the_wait_sooner(fake_vllm, served):
 
 def test_a_full_band_refuses_at_once(fake_vllm, served):
     engine = fake_vllm(BUSY)
-    svc, _ = served(engine, max_requests=1, ttl_ms=2000)
-    time.sleep(0.3)
-    first = svc.picker.Pick.future(pb.PickRequest(model=BASE), timeout=5)
-    time.sleep(0.1)
+    svc, _ = served(engine, max_requests=1, ttl_ms=10_000)
+    wait_saturated(svc)
+    first = svc.picker.Pick.future(pb.PickRequest(model=BASE), timeout=15)
+    wait_queued(svc, 1)
     with pytest.raises(grpc.RpcError) as err:
         svc.picker.Pick(pb.PickRequest(model=BASE), timeout=5)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -106,8 +133,8 @@ def test_a_full_band_refuses_at_once(fake_vllm, served):
             "rejected-queue-full") in err.value.trailing_metadata()
     # Another band has its own room: a CRITICAL request waits instead of being refused.
     critical = svc.picker.Pick.future(pb.PickRequest(model=BASE, criticality=pb.CRITICAL),
-                                      timeout=5)
-    time.sleep(0.1)
+                                      timeout=15)
+    wait_queued(svc, 2)
     assert not critical.done()
     engine.page = IDLE
     assert first.result().endpoint == engine.address
@@ -119,7 +146,7 @@ def test_critical_is_dispatched_before_the_sheddable_backlog(fake_vllm, served):
     svc, client = served(engine, queue_threshold=1, starvation_limit=0)
     wait_fresh(svc)
     engine.page = BUSY
-    time.sleep(0.2)
+    wait_saturated(svc)
     done: list[str] = []
     lock = threading.Lock()
 
@@ -135,7 +162,7 @@ def test_critical_is_dispatched_before_the_sheddable_backlog(fake_vllm, served):
                                                   fairness_id="batch"), timeout=10)
         f.add_done_callback(record(f"shed{i}"))
         futures.append(f)
-    time.sleep(0.1)
+    wait_queued(svc, 4)
     http_answer: dict = {}
 
     def over_http():
@@ -145,7 +172,8 @@ def test_critical_is_dispatched_before_the_sheddable_backlog(fake_vllm, served):
             done.append("critical")
     t = threading.Thread(target=over_http)
     t.start()
-    time.sleep(0.1)
+    wait_queued(svc, 5)
+    time.sleep(0.06)  # the explanation's wait is measurably > 50 ms
     engine.page = IDLE  # room: one dispatch per scrape (threshold 1)
     t.join(timeout=10)
     for f in futures:
@@ -161,8 +189,13 @@ def test_pick_stream_answers_queued_picks_in_order(fake_vllm, served):
     svc, _ = served(engine, queue_threshold=1)
     wait_fresh(svc)
     engine.page = BUSY
-    time.sleep(0.2)
-    threading.Timer(0.4, lambda: setattr(engine, "page", IDLE)).start()
+    wait_saturated(svc)
+
+    def free_later():  # 0.3 s after the first pick queued: every answer waited > 200 ms
+        wait_queued(svc, 1)
+        time.sleep(0.3)
+        engine.page = IDLE
+    threading.Thread(target=free_later, daemon=True).start()
     messages = [pb.PickStreamRequest(id=i, pick=pb.PickRequest(model=BASE, explain=True))
                 for i in range(3)]
     answers = list(svc.picker.PickStream(iter(messages), timeout=10))
@@ -189,7 +222,7 @@ def test_ext_proc_refuses_an_expired_request_with_429_and_the_reason(fake_vllm, 
     body = ep.ProcessingRequest(request_body=ep.HttpBody(
         body=b'{"model": "m", "prompt": "hi"}', end_of_stream=True))
     with running(config) as svc:
-        time.sleep(0.3)
+        wait_saturated(svc)
         with grpc.insecure_channel(f"127.0.0.1:{svc.ext_proc_port}") as channel:
             t0 = time.monotonic()
             answers = list(ep_grpc.ExternalProcessorStub(channel).Process(
@@ -208,9 +241,9 @@ def test_a_reload_that_turns_flow_control_off_dispatches_what_waits(fake_vllm, t
     text = config_text([engine.address], tmp=tmp_path)
     path.write_text(text + "[flow_control]\nenabled = true\nttl_ms = 60000\n")
     with running(cfg.load(path), config_path=path) as svc:
-        time.sleep(0.3)
+        wait_saturated(svc)
         waiting = svc.picker.Pick.future(pb.PickRequest(model=BASE), timeout=20)
-        time.sleep(0.3)
+        wait_queued(svc, 1)
         assert not waiting.done()
         assert svc.call(lambda: svc.service._decider.flow.waiting) == 1
         path.write_text(text + "[flow_control]\nenabled = false\n")
