@@ -30,6 +30,8 @@ a fleet of replicas of different speeds and KV sizes (``HETERO_REPLICAS``: per-r
 configs) under unique prompts of 100–3,000 tokens, every request with a TTFT SLO
 (``HETERO_SLO_TTFT_MS``); its rows add the SLO attainment (share of requests within it).
 E.g. ``--workloads heterogeneous --routers round-robin,least-queue,epick,latency``.
+``--slo-ms MS`` gives every request of every workload that TTFT SLO instead (and counts
+the attainment against it; 0 = none), e.g. ``--slo-ms 500 --rates heterogeneous=20:30:40``.
 
 With ``--trace LOG`` the workload is a recorded decision log instead (arrival times,
 prompts as stand-in blocks, adapters, output lengths from the completions; as many
@@ -41,6 +43,7 @@ beside the baselines in ``--routers`` (default round-robin, least-queue).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -309,8 +312,12 @@ EXTRA_WORKLOADS = ("prefix-pressure", "prefix-restart", "heterogeneous")
 def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int = 1,
         scrape_interval_ms: float = 50.0, weights: dict[str, float] | None = None,
         rates: dict[str, tuple[float, ...]] | None = None,
-        progress: Callable[[str], None] | None = None, kv_delay_ms: float = 10.0) -> dict:
-    """Run every (workload, rate, router); return the JSON-shaped results."""
+        progress: Callable[[str], None] | None = None, kv_delay_ms: float = 10.0,
+        slo_ttft_ms: int | None = None) -> dict:
+    """Run every (workload, rate, router); return the JSON-shaped results.
+
+    ``slo_ttft_ms``: every request's TTFT SLO, in place of each workload's own
+    (heterogeneous: ``HETERO_SLO_TTFT_MS``; the others none); 0 = none."""
     import msgspec
 
     from epick.runtime import Runtime
@@ -327,6 +334,8 @@ def run(*, quick: bool = False, workloads=WORKLOADS, routers=ROUTERS, seed: int 
     with Runtime(limits=BENCH_LIMITS) as runtime:
         for wname in workloads:
             w = specs[wname]
+            if slo_ttft_ms is not None:
+                w = dataclasses.replace(w, slo_ttft_ms=slo_ttft_ms)
             config = msgspec.structs.replace(DEFAULT_CONFIG, max_loras=w.max_lora, **w.config)
             configs = ([msgspec.structs.replace(config, **c) for c in w.replica_configs]
                        if w.replica_configs else None)
@@ -663,6 +672,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", help="epick's weights, e.g. load=1,prefix-cache=3,"
                     "lora-affinity=1 (default: DEFAULT_WEIGHTS)")
     ap.add_argument("--rates", help="override a workload's rates, e.g. shared-prefix=20:40:60")
+    ap.add_argument("--slo-ms", type=int, metavar="MS",
+                    help="every request's TTFT SLO in ms, and the attainment reported "
+                    f"against it (default: the workload's own, heterogeneous "
+                    f"{HETERO_SLO_TTFT_MS}; 0 = none)")
     ap.add_argument("--trace", action="append", metavar="LOG",
                     help="simulate a recorded decision log instead of the workloads")
     ap.add_argument("--policy", action="append", default=[], metavar="NAME=FILE.wasm",
@@ -701,7 +714,8 @@ def main(argv: list[str] | None = None) -> int:
                               workloads=tuple(args.workloads.split(",")),
                               routers=tuple(args.routers.split(",")),
                               scrape_interval_ms=args.scrape_interval_ms, weights=weights,
-                              rates=rates, kv_delay_ms=args.kv_delay_ms)
+                              rates=rates, kv_delay_ms=args.kv_delay_ms,
+                              slo_ttft_ms=args.slo_ms)
         for line in seed_table(results):
             console.print(line)
         _write_json(console, args.json, results)
@@ -709,7 +723,8 @@ def main(argv: list[str] | None = None) -> int:
     results = run(quick=args.quick, workloads=tuple(args.workloads.split(",")),
                   routers=tuple(args.routers.split(",")), seed=args.seed,
                   scrape_interval_ms=args.scrape_interval_ms, weights=weights, rates=rates,
-                  progress=console.print, kv_delay_ms=args.kv_delay_ms)
+                  progress=console.print, kv_delay_ms=args.kv_delay_ms,
+                  slo_ttft_ms=args.slo_ms)
     for t in _tables(results):
         console.print(t)
     _write_json(console, args.json, results)
