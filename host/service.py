@@ -49,8 +49,8 @@ from grpc_reflection.v1alpha import reflection
 from epick import telemetry
 from epick.api.admin import MAX_REQUEST_BYTES, AdminService
 from epick.api.decide import Decider
-from epick.api.grpc_server import PENDING_CALLS_OPTIONS
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker_pb2_grpc
+from epick.api.grpc_server import PENDING_CALLS_OPTIONS
 from epick.api.picker import PickerService
 from epick.api.weights import WeightsHub
 from epick.config import Config, ConfigError, load, resolve_module
