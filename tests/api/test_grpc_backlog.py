@@ -17,6 +17,7 @@ import time
 from collections import Counter
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
@@ -83,6 +84,7 @@ def _open_streams(build) -> Counter:
         thread.join(30)
 
 
+@pytest.mark.slow  # 2,000 streams: a few seconds
 def test_ext_proc_server_holds_thousands_of_streams_opened_while_its_loop_is_busy():
     def build():
         health = HealthServicer()
@@ -92,6 +94,7 @@ def test_ext_proc_server_holds_thousands_of_streams_opened_while_its_loop_is_bus
     assert _open_streams(build) == {"served": STREAMS}
 
 
+@pytest.mark.slow  # 2,000 streams: a few seconds
 def test_grpc_defaults_refuse_them_which_is_why_the_limits_are_raised():
     """The cause, shown: the same server without the options loses streams. (If a gRPC
     release stops refusing, this fails: the options may then go.)"""
