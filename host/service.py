@@ -50,6 +50,7 @@ from epick import telemetry
 from epick.api.admin import MAX_REQUEST_BYTES, AdminService
 from epick.api.decide import Decider
 from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker_pb2_grpc
+from epick.api.grpc_server import PENDING_CALLS_OPTIONS
 from epick.api.picker import PickerService
 from epick.api.weights import WeightsHub
 from epick.config import Config, ConfigError, load, resolve_module
@@ -470,6 +471,8 @@ class Service:
         options = [
             ("grpc.max_receive_message_length", PICK_MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            # A burst of calls while the loop is busy waits in Core instead of being refused.
+            *PENDING_CALLS_OPTIONS,
         ]
         server = grpc.aio.server(options=options)
         self.tracer = _tracer(self.config)

@@ -75,6 +75,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from epick import abi
 from epick.api.decide import Decider
+from epick.api.grpc_server import PENDING_CALLS_OPTIONS
 from epick.api.openai_request import (
     DROPPED_REASON_HEADER,
     OpenAIError,
@@ -583,8 +584,11 @@ def build_server(decider: Decider, config: ExtProcConfig, openai: OpenAIConfig, 
     ``reuse_port``: share the port with the other front-end workers (SO_REUSEPORT)."""
     # A ProcessingRequest carries the whole body in BUFFERED mode: allow Envoy's buffer
     # (4 MiB in the example) plus headers, above gRPC's 4 MiB default.
+    # Thousands of streams open at once while the loop is busy: Core must hold them all
+    # until the loop takes them, not refuse those past 1,000 (epick.api.grpc_server).
     server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port)),
-                                      ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+                                      ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                      *PENDING_CALLS_OPTIONS])
     # The generated registration, with a serializer that also takes pre-encoded bytes.
     service = ExtProcService(decider, config, openai, on_complete=on_complete)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, {

@@ -305,7 +305,8 @@ def _ext_proc_stats(envoy) -> dict[str, int]:
     out = {k.rsplit(".", 1)[1]: v for k, v in stats.items()
            if k.rsplit(".", 1)[1] in EXT_PROC_STATS and k.startswith("http.inference.ext_proc.")}
     cluster = envoy.stats("cluster.epick_ext_proc.upstream_")
-    for key in ("upstream_cx_connect_timeout", "upstream_rq_pending_overflow",
+    for key in ("upstream_cx_connect_timeout", "upstream_cx_connect_fail",
+                "upstream_rq_pending_failure_eject", "upstream_rq_pending_overflow",
                 "upstream_cx_destroy_remote_with_active_rq", "upstream_rq_timeout",
                 "upstream_cx_total", "upstream_rq_rx_reset", "upstream_rq_tx_reset"):
         value = cluster.get(f"cluster.epick_ext_proc.{key}")
