@@ -190,6 +190,10 @@ class Scheduler:
         # [picks scored, picks agreeing] per shadow plugin: a new plugin (a new load of
         # the policy) starts from zero, a dropped one is forgotten with it.
         self._shadow_tally: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # The endpoints with nothing running or waiting, for the last snapshot's endpoints
+        # (held, so the identity check cannot meet a recycled id).
+        self._idle_of: object = None
+        self._idle_set: frozenset[int] = frozenset()
 
     @property
     def decision_ttl_s(self) -> float:
@@ -247,8 +251,9 @@ class Scheduler:
                                          keep=explain or sink is not None)
         t_scored = perf()
         order = self._pick(request, totals)
-        if self.work_conserving and not pin:
-            order = _conserve_work(endpoints, assignments, candidates, totals, order)
+        if self.work_conserving and not pin and endpoints[candidates[order[0]]].waiting:
+            order = _conserve_work(endpoints, self._idle(endpoints), assignments,
+                                   candidates, totals, order)
         picked = [candidates[o] for o in order]
         endpoint = endpoints[picked[0]].address
         t_picked = perf()
@@ -309,6 +314,16 @@ class Scheduler:
         totals, _ = self._score(cycle, policies, candidates, skipped, keep=False,
                                 timed=False)
         return view, candidates, totals, why
+
+    def _idle(self, endpoints: Sequence[abi.EndpointMetrics]) -> frozenset[int]:
+        """Indices of ``endpoints`` with nothing running and nothing waiting (computed
+        once per snapshot: the work-conserving rule reads it on every pick whose primary
+        has requests waiting)."""
+        if endpoints is not self._idle_of:
+            self._idle_set = frozenset(i for i, m in enumerate(endpoints)
+                                       if not m.waiting and not m.running)
+            self._idle_of = endpoints
+        return self._idle_set
 
     # -- the stages, in order ------------------------------------------------------------
 
@@ -557,8 +572,9 @@ def _apply(name: str, kept: tuple[int, ...], candidates: tuple[int, ...],
     return kept
 
 
-def _conserve_work(endpoints, assignments: Ledger, candidates: tuple[int, ...],
-                   totals: np.ndarray, order: list[int]) -> list[int]:
+def _conserve_work(endpoints, idle: frozenset[int], assignments: Ledger,
+                   candidates: tuple[int, ...], totals: np.ndarray,
+                   order: list[int]) -> list[int]:
     """The host's work-conserving rule: never send a request to a replica that has
     requests waiting while an eligible one is idle (nothing running, nothing waiting,
     nothing epick sent it in flight or since its last scrape). Then the best-scored idle
@@ -566,17 +582,19 @@ def _conserve_work(endpoints, assignments: Ledger, candidates: tuple[int, ...],
 
     Affinity may concentrate work at light load, but not leave capacity idle while
     requests queue (issue 30: on 50 ms scrapes, affinity kept one replica's queue while
-    the other sat empty). The usual case costs one read: the primary has nothing waiting.
+    the other sat empty). The usual case costs one read: the primary has nothing waiting
+    (the caller checks that); the next one a set test: no endpoint is idle in this
+    snapshot (``idle``: the indices with nothing running or waiting).
     """
     first = endpoints[candidates[order[0]]]
-    if first.waiting == 0:
+    if first.waiting == 0 or not idle:
         return order
     best = -1
     for pos in range(len(candidates)):
-        m = endpoints[candidates[pos]]
-        if m.waiting or m.running:
+        if candidates[pos] not in idle:
             continue
-        if assignments.in_flight(m.address) or assignments.picked_since_scrape(m.address):
+        address = endpoints[candidates[pos]].address
+        if assignments.in_flight(address) or assignments.picked_since_scrape(address):
             continue
         if best < 0 or totals[pos] > totals[best]:
             best = pos
