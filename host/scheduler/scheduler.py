@@ -374,6 +374,7 @@ class Scheduler:
         """The weighted totals, and each scorer's scores when ``keep`` (explain, log);
         ``timed``: record each scorer's latency (picks only, not :meth:`weigh`)."""
         totals = None
+        owned = False
         per_policy: dict[str, np.ndarray] = {}
         perf = time.perf_counter
         latency = self.recorder.policy_latency
@@ -389,10 +390,15 @@ class Scheduler:
             if not entry.scores_in_range:
                 scores = np.clip(scores, 0.0, 1.0)
             # Σ weight × score, summed in the scorers' order: the same floats as
-            # zeros + w1·s1 + w2·s2 + …, with fewer numpy calls (a weight of 1 needs none).
+            # zeros + w1·s1 + w2·s2 + …, with fewer numpy calls (a weight of 1 needs none;
+            # the first scores are not copied: the second sum makes the array totals own).
             weight = entry.weight
             if totals is None:
-                totals = scores.copy() if weight == 1.0 else weight * scores
+                totals = scores if weight == 1.0 else weight * scores
+                owned = weight != 1.0
+            elif not owned:
+                totals = totals + (scores if weight == 1.0 else weight * scores)
+                owned = True
             elif weight == 1.0:
                 totals += scores
             else:
@@ -401,6 +407,8 @@ class Scheduler:
                 per_policy[entry.name] = scores
         if totals is None:
             totals = np.zeros(len(candidates))
+        elif not owned:  # one scorer of weight 1: its own array, which per_policy may hold
+            totals = totals.copy()
         return totals, per_policy
 
     def _pick(self, request: abi.Request, totals: np.ndarray) -> list[int]:
