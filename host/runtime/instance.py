@@ -106,6 +106,7 @@ class PolicyInstance:
         self.name = module.name
         self.exports: frozenset[str] = module.exports
         self._ticker = rt.ticker
+        self._ticking = rt.ticker.flag  # .running read on every call
         lim = rt.limits
         self._cap = lim.memory_bytes
         self._lock = threading.Lock()
@@ -196,7 +197,7 @@ class PolicyInstance:
         if not lock.acquire(False):
             raise self._busy()
         try:
-            if not self._ticker.running:
+            if not self._ticking.running:
                 self._check_ticker()
             size = len(blob)
             if size > self._in_cap:
@@ -290,7 +291,7 @@ class PolicyInstance:
         if not lock.acquire(False):
             raise self._busy()
         try:
-            if not self._ticker.running:
+            if not self._ticking.running:
                 self._check_ticker()
             size = len(blob)
             if size > self._in_cap:
@@ -386,7 +387,7 @@ class PolicyInstance:
         if not lock.acquire(False):
             raise self._busy()
         try:
-            if not self._ticker.running:
+            if not self._ticking.running:
                 self._check_ticker()
             size = len(blob)
             if size > self._in_cap:

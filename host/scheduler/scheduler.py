@@ -341,15 +341,17 @@ class Scheduler:
             return self._pinned(view, cycle, pin)
         candidates = tuple(range(len(view.snapshot.endpoints)))
         for f in self.host_filters:
-            candidates = _apply(f.name, f.filter(cycle, candidates), candidates, why)
+            kept = f.filter(cycle, candidates)
+            candidates = kept if why is None else _apply(f.name, kept, candidates, why)
         if subset is not None:
             candidates = self._in_subset(view, candidates, subset, request, why)
         if not candidates:
             status = self.pool_status() if self.pool_status is not None else None
             raise Unavailable(explain_view.unavailable_reason(view, request)
                               + explain_view.scrape_errors(status))
-        candidates = _apply(self.admission.name, self.admission.filter(cycle, candidates),
-                            candidates, why)
+        kept = self.admission.filter(cycle, candidates)
+        candidates = kept if why is None else _apply(self.admission.name, kept, candidates,
+                                                     why)
         if not candidates:
             raise Shed(
                 "SHEDDABLE request shed: every endpoint is over the admission thresholds "
