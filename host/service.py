@@ -37,6 +37,7 @@ import signal
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -143,19 +144,29 @@ class TelemetryRecorder:
         self._total = telemetry.PICK_LATENCY.labels("total")
         self._stages = [telemetry.PICK_LATENCY.labels(s) for s in ("filter", "score", "pick",
                                                                     "hooks")]
+        # Each stage's observe (a list's append), bound once.
+        self._filter, self._score, self._pick, self._hooks = (c.observe for c in self._stages)
         self._outcomes = {o: telemetry.PICKS.labels(o) for o in telemetry.PICK_OUTCOMES}
         self._policy_latency = telemetry.Children(telemetry.POLICY_SCORE_LATENCY)
+        self._policy_observe: dict[str, Callable[[float], None]] = {}
         self._policy_errors = telemetry.Children(telemetry.POLICY_ERRORS)
         self._shadow_agreement = telemetry.Children(telemetry.SHADOW_AGREEMENT)
         self._shadow_delta = telemetry.Children(telemetry.SHADOW_SCORE_DELTA)
 
     def pick_done(self, outcome: str, seconds: float) -> None:
         self._outcomes[outcome].inc()
-        self._total.observe(seconds)
+        total = self._total
+        total.observe(seconds)
+        # Every other pick-path child fills no faster than the total (one per pick):
+        # when it is due, fold them all (a scrape folds them sooner).
+        if total.fold_if_due():
+            telemetry.fold_loop_histograms()
 
     def stages(self, filter_s: float, score_s: float, pick_s: float, hooks_s: float) -> None:
-        for child, seconds in zip(self._stages, (filter_s, score_s, pick_s, hooks_s)):
-            child.observe(seconds)
+        self._filter(filter_s)
+        self._score(score_s)
+        self._pick(pick_s)
+        self._hooks(hooks_s)
 
     def completion(self, status: int, prompt_tokens: int | None,
                    completion_tokens: int | None, ttft_s: float | None) -> None:
@@ -171,7 +182,10 @@ class TelemetryRecorder:
         self._policy_errors(error.plugin, error.kind).inc()
 
     def policy_latency(self, policy: str, seconds: float) -> None:
-        self._policy_latency(policy).observe(seconds)
+        observe = self._policy_observe.get(policy)
+        if observe is None:
+            observe = self._policy_observe[policy] = self._policy_latency(policy).observe
+        observe(seconds)
 
     def shadow(self, policy: str, agree: bool, delta: float) -> None:
         self._shadow_agreement(policy, "true" if agree else "false").inc()

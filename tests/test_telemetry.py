@@ -105,6 +105,51 @@ def test_a_loop_histogram_exposes_what_a_prometheus_histogram_does():
         fast.labels("a", "b")
 
 
+def test_a_loop_histogram_read_while_the_loop_observes_counts_each_observation_once():
+    """Observations wait in a list until read: a scrape on another thread folds what was
+    there and leaves what the loop appends meanwhile, so none is lost or counted twice."""
+    import threading
+
+    hist = telemetry.LoopHistogram("race_seconds", "doc", ["stage"], (1e-5, 1e-3),
+                                   prometheus_client.CollectorRegistry())
+    child = hist.labels("a")
+    done = threading.Event()
+    reads: list[int] = []
+
+    def scrape():
+        while not done.is_set():
+            counts, _ = child.read()
+            reads.append(sum(counts))
+
+    reader = threading.Thread(target=scrape)
+    reader.start()
+    try:
+        for k in range(200_000):
+            child.observe((k % 3) * 1e-4)  # 0, 1e-4, 2e-4: every third in the first bucket
+    finally:
+        done.set()
+        reader.join()
+    counts, total = child.read()
+    assert counts == [66_667, 133_333, 0]
+    assert total == pytest.approx(sum((k % 3) * 1e-4 for k in range(200_000)))
+    assert reads == sorted(reads) and len(reads) > 1  # the reader saw it grow
+
+
+def test_the_pick_path_folds_its_histograms_before_they_hold_more_than_fold_at():
+    from epick.service import TelemetryRecorder
+
+    recorder = TelemetryRecorder()
+    recorder.policy_latency("fold-test", 2e-6)
+    total = telemetry.PICK_LATENCY.labels("total")
+    policy = telemetry.POLICY_SCORE_LATENCY.labels("fold-test")
+    total.fold()
+    for _ in range(telemetry.FOLD_AT):
+        recorder.stages(1e-6, 1e-6, 1e-6, 1e-6)
+        recorder.pick_done("ok", 3e-6)
+    assert not total._pending and not policy._pending  # noqa: SLF001 - folded by pick_done
+    assert policy.counts[0] == 1  # and counted, once
+
+
 def test_forget_endpoint_drops_every_series_of_that_endpoint_only():
     telemetry.ENDPOINT_FRESH.labels("gone:1").set(1)
     telemetry.ENDPOINT_SCRAPE_AGE.labels("gone:1").set(0.5)

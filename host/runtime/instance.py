@@ -47,8 +47,7 @@ __all__ = ["PolicyInstance", "SCORE_SENTINEL", "MAX_ERROR_BYTES", "instantiate_e
 #: Bit pattern written into unfilled score slots (a quiet NaN with a marker payload).
 SCORE_SENTINEL = np.uint64(0x7FF8_E91C_5C0E_0BAD)
 _KEEP_SENTINEL = np.uint8(0xFF)
-_ONE_BITS = np.float64(1.0).view(np.uint64)
-_max_bits = np.maximum.reduce
+_ONE_BITS = int(np.float64(1.0).view(np.uint64))
 _SENTINEL_INT = int(SCORE_SENTINEL)
 #: The longest guest error message reported; longer ones are cut.
 MAX_ERROR_BYTES = 256
@@ -107,6 +106,7 @@ class PolicyInstance:
         self.name = module.name
         self.exports: frozenset[str] = module.exports
         self._ticker = rt.ticker
+        self._ticking = rt.ticker.flag  # .running read on every call
         lim = rt.limits
         self._cap = lim.memory_bytes
         self._lock = threading.Lock()
@@ -197,7 +197,7 @@ class PolicyInstance:
         if not lock.acquire(False):
             raise self._busy()
         try:
-            if not self._ticker.running:
+            if not self._ticking.running:
                 self._check_ticker()
             size = len(blob)
             if size > self._in_cap:
@@ -211,17 +211,20 @@ class PolicyInstance:
             if status:
                 raise PolicyCallError(self.name, "score", status, self._error_message())
             # Slot n read as a Python int (a numpy scalar costs more than this whole check).
-            if self._out_q[n] != _SENTINEL_INT:
+            q = self._out_q
+            if q[n] != _SENTINEL_INT:
                 raise PolicyOutputError(
                     self.name, "score", f"score wrote more than the {n} scores asked for"
                 )
+            # Non-negative doubles order like their bit patterns, and every NaN (the
+            # sentinel included), inf and negative number has a pattern above 1.0's: the
+            # largest pattern tells "all in [0, 1]" (and so "all written"). argmax finds
+            # it for a quarter of what np.maximum.reduce costs.
+            top = q[self._out_u64[:n].argmax()] if n else 0
             scores = self._out_f64[:n].copy()
         finally:
             lock.release()
-        # Non-negative doubles order like their bit patterns, and every NaN (the
-        # sentinel included), inf and negative number has a pattern above 1.0's: one
-        # max() over the bits tells "all in [0, 1]" (and so "all written").
-        if not n or _max_bits(scores.view(np.uint64)) <= _ONE_BITS:
+        if top <= _ONE_BITS:
             return scores, True
         written = scores.view(np.uint64) != SCORE_SENTINEL
         if not written.all():
@@ -280,7 +283,25 @@ class PolicyInstance:
 
     def pre_request(self, blob: bytes) -> None:
         """Deliver a msgpack ``PreRequestEvent``."""
-        self._call_blob(self._pre_request, "pre_request", blob)
+        # _call_blob inlined: every pick runs this once per hooked policy.
+        func = self._pre_request
+        if func is None:
+            raise self._missing("pre_request")
+        lock = self._lock
+        if not lock.acquire(False):
+            raise self._busy()
+        try:
+            if not self._ticking.running:
+                self._check_ticker()
+            size = len(blob)
+            if size > self._in_cap:
+                self._grow_input(size)
+            self._in_mv[:size] = blob
+            status = func.call2(self._in_ptr, size)
+            if status:
+                raise PolicyCallError(self.name, "pre_request", status, self._error_message())
+        finally:
+            lock.release()
 
     def post_response(self, blob: bytes) -> None:
         """Deliver a msgpack ``PostResponseEvent``."""
@@ -366,7 +387,7 @@ class PolicyInstance:
         if not lock.acquire(False):
             raise self._busy()
         try:
-            if not self._ticker.running:
+            if not self._ticking.running:
                 self._check_ticker()
             size = len(blob)
             if size > self._in_cap:

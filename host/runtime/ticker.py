@@ -80,6 +80,12 @@ class EpochTicker:
     def running(self) -> bool:
         return self._flag.running
 
+    @property
+    def flag(self) -> _Flag:
+        """The object whose ``running`` attribute :attr:`running` reads: a caller that
+        checks on every call keeps it and reads the attribute (no property call)."""
+        return self._flag
+
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("EpochTicker already started")

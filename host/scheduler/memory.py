@@ -49,25 +49,44 @@ class DecisionMemory:
         self._ids = itertools.count(1)
         # Ids are unique across restarts too: a late report to a new process is unknown.
         self._boot = os.urandom(4).hex()
+        # No decision expires before _check_at (see _expire).
+        self._check_at = float("-inf")
+        self._last_expires = float("-inf")
+        self._in_order = True
 
     def remember(self, request_id: str, model: str, adapter: str, endpoint: str) -> str:
         """A new decision's id (expired and surplus ones are dropped first)."""
         now = self._clock()
         pending = self._pending
+        if now >= self._check_at or len(pending) >= self.max_decisions:
+            self._expire(now)
+        expires = now + self.ttl_s
+        if expires < self._last_expires:  # the clock went back: expiries are not in order
+            self._in_order = False
+            self._check_at = float("-inf")
+        self._last_expires = expires
+        decision_id = f"{self._boot}-{next(self._ids):x}"
+        pending[decision_id] = Remembered(request_id, model, adapter, endpoint, expires)
+        if request_id:
+            self._by_request[request_id] = decision_id
+        return decision_id
+
+    def _expire(self, now: float) -> None:
+        """Drop the oldest decisions while they are expired or too many; then note when
+        the oldest left expires, so that the picks before it skip this (while expiries
+        come in the order of the decisions, none expires sooner; after a clock that
+        went back, every pick looks)."""
+        pending = self._pending
         while pending:
             oldest_id, oldest = next(iter(pending.items()))
             if oldest.expires > now and len(pending) < self.max_decisions:
-                break
+                self._check_at = oldest.expires if self._in_order else float("-inf")
+                return
             pending.popitem(last=False)
             self._on_expire(oldest.endpoint)
             if oldest.request_id and self._by_request.get(oldest.request_id) == oldest_id:
                 del self._by_request[oldest.request_id]
-        decision_id = f"{self._boot}-{next(self._ids):x}"
-        pending[decision_id] = Remembered(request_id, model, adapter, endpoint,
-                                          now + self.ttl_s)
-        if request_id:
-            self._by_request[request_id] = decision_id
-        return decision_id
+        self._check_at = float("-inf")
 
     def take(self, decision_id: str = "", request_id: str = "") -> tuple[str, Remembered] | None:
         """``(decision_id, record)`` of a decision, forgotten now; ``None`` when unknown.

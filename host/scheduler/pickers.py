@@ -32,25 +32,58 @@ class MaxScorePicker:
             return []
         if n == 1:
             return [0]
-        order = np.argsort(-totals, kind="stable").tolist()
+        # On Python floats: a numpy argsort and its scalars cost more than the whole
+        # answer (issue 29). The same answer as _pick_sorted (tests/scheduler/test_pickers.py
+        # compares them): each value's candidates in index order, ties shuffled by the
+        # same draws. NaN has no place in a sort by value: that case keeps the old path.
+        t = totals.tolist()
+        total = sum(t)
+        if total != total:  # a NaN (or inf - inf) somewhere
+            return _pick_sorted(totals, count, seed)
+        ranked = sorted(t, reverse=True)
         count = min(count, n)
-        # Shuffle each run of equal totals that reaches into the answer, so that ties
-        # do not always favour the lowest index.
         result: list[int] = []
-        start = 0
+        k = 0
         rng = None
         while len(result) < count:
-            value = totals[order[start]]
-            end = start + 1
-            while end < n and totals[order[end]] == value:
+            value = ranked[k]
+            end = k + 1
+            while end < n and ranked[end] == value:
                 end += 1
-            group = order[start:end]
-            if len(group) > 1:
+            if end == k + 1:
+                result.append(t.index(value))
+            else:  # a tie reaching into the answer: shuffled, so that ties do not
+                # always favour the lowest index
+                group = [i for i, x in enumerate(t) if x == value]
                 rng = rng or _rng(seed)
                 rng.shuffle(group)
-            result.extend(group)
-            start = end
+                result.extend(group)
+            k = end
         return result[:count]
+
+
+def _pick_sorted(totals: np.ndarray, count: int, seed: int | None) -> list[int]:
+    """:meth:`MaxScorePicker.pick` on numpy's stable sort (any totals, NaN included:
+    NaN sorts last, each one a value of its own)."""
+    n = len(totals)
+    order = np.argsort(-totals, kind="stable").tolist()
+    count = min(count, n)
+    # Shuffle each run of equal totals that reaches into the answer.
+    result: list[int] = []
+    start = 0
+    rng = None
+    while len(result) < count:
+        value = totals[order[start]]
+        end = start + 1
+        while end < n and totals[order[end]] == value:
+            end += 1
+        group = order[start:end]
+        if len(group) > 1:
+            rng = rng or _rng(seed)
+            rng.shuffle(group)
+        result.extend(group)
+        start = end
+    return result[:count]
 
 
 class WeightedRandomPicker:

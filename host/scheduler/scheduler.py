@@ -190,6 +190,10 @@ class Scheduler:
         # [picks scored, picks agreeing] per shadow plugin: a new plugin (a new load of
         # the policy) starts from zero, a dropped one is forgotten with it.
         self._shadow_tally: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # The endpoints with nothing running or waiting, for the last snapshot's endpoints
+        # (held, so the identity check cannot meet a recycled id).
+        self._idle_of: object = None
+        self._idle_set: frozenset[int] = frozenset()
 
     @property
     def decision_ttl_s(self) -> float:
@@ -247,8 +251,9 @@ class Scheduler:
                                          keep=explain or sink is not None)
         t_scored = perf()
         order = self._pick(request, totals)
-        if self.work_conserving and not pin:
-            order = _conserve_work(endpoints, assignments, candidates, totals, order)
+        if self.work_conserving and not pin and endpoints[candidates[order[0]]].waiting:
+            order = _conserve_work(endpoints, self._idle(endpoints), assignments,
+                                   candidates, totals, order)
         picked = [candidates[o] for o in order]
         endpoint = endpoints[picked[0]].address
         t_picked = perf()
@@ -310,6 +315,16 @@ class Scheduler:
                                 timed=False)
         return view, candidates, totals, why
 
+    def _idle(self, endpoints: Sequence[abi.EndpointMetrics]) -> frozenset[int]:
+        """Indices of ``endpoints`` with nothing running and nothing waiting (computed
+        once per snapshot: the work-conserving rule reads it on every pick whose primary
+        has requests waiting)."""
+        if endpoints is not self._idle_of:
+            self._idle_set = frozenset(i for i, m in enumerate(endpoints)
+                                       if not m.waiting and not m.running)
+            self._idle_of = endpoints
+        return self._idle_set
+
     # -- the stages, in order ------------------------------------------------------------
 
     def _filter(self, cycle: Cycle, policies: PolicySet, why: dict[int, str] | None,
@@ -326,15 +341,17 @@ class Scheduler:
             return self._pinned(view, cycle, pin)
         candidates = tuple(range(len(view.snapshot.endpoints)))
         for f in self.host_filters:
-            candidates = _apply(f.name, f.filter(cycle, candidates), candidates, why)
+            kept = f.filter(cycle, candidates)
+            candidates = kept if why is None else _apply(f.name, kept, candidates, why)
         if subset is not None:
             candidates = self._in_subset(view, candidates, subset, request, why)
         if not candidates:
             status = self.pool_status() if self.pool_status is not None else None
             raise Unavailable(explain_view.unavailable_reason(view, request)
                               + explain_view.scrape_errors(status))
-        candidates = _apply(self.admission.name, self.admission.filter(cycle, candidates),
-                            candidates, why)
+        kept = self.admission.filter(cycle, candidates)
+        candidates = kept if why is None else _apply(self.admission.name, kept, candidates,
+                                                     why)
         if not candidates:
             raise Shed(
                 "SHEDDABLE request shed: every endpoint is over the admission thresholds "
@@ -359,6 +376,7 @@ class Scheduler:
         """The weighted totals, and each scorer's scores when ``keep`` (explain, log);
         ``timed``: record each scorer's latency (picks only, not :meth:`weigh`)."""
         totals = None
+        owned = False
         per_policy: dict[str, np.ndarray] = {}
         perf = time.perf_counter
         latency = self.recorder.policy_latency
@@ -374,10 +392,15 @@ class Scheduler:
             if not entry.scores_in_range:
                 scores = np.clip(scores, 0.0, 1.0)
             # Σ weight × score, summed in the scorers' order: the same floats as
-            # zeros + w1·s1 + w2·s2 + …, with fewer numpy calls (a weight of 1 needs none).
+            # zeros + w1·s1 + w2·s2 + …, with fewer numpy calls (a weight of 1 needs none;
+            # the first scores are not copied: the second sum makes the array totals own).
             weight = entry.weight
             if totals is None:
-                totals = scores.copy() if weight == 1.0 else weight * scores
+                totals = scores if weight == 1.0 else weight * scores
+                owned = weight != 1.0
+            elif not owned:
+                totals = totals + (scores if weight == 1.0 else weight * scores)
+                owned = True
             elif weight == 1.0:
                 totals += scores
             else:
@@ -386,6 +409,8 @@ class Scheduler:
                 per_policy[entry.name] = scores
         if totals is None:
             totals = np.zeros(len(candidates))
+        elif not owned:  # one scorer of weight 1: its own array, which per_policy may hold
+            totals = totals.copy()
         return totals, per_policy
 
     def _pick(self, request: abi.Request, totals: np.ndarray) -> list[int]:
@@ -557,8 +582,9 @@ def _apply(name: str, kept: tuple[int, ...], candidates: tuple[int, ...],
     return kept
 
 
-def _conserve_work(endpoints, assignments: Ledger, candidates: tuple[int, ...],
-                   totals: np.ndarray, order: list[int]) -> list[int]:
+def _conserve_work(endpoints, idle: frozenset[int], assignments: Ledger,
+                   candidates: tuple[int, ...], totals: np.ndarray,
+                   order: list[int]) -> list[int]:
     """The host's work-conserving rule: never send a request to a replica that has
     requests waiting while an eligible one is idle (nothing running, nothing waiting,
     nothing epick sent it in flight or since its last scrape). Then the best-scored idle
@@ -566,17 +592,19 @@ def _conserve_work(endpoints, assignments: Ledger, candidates: tuple[int, ...],
 
     Affinity may concentrate work at light load, but not leave capacity idle while
     requests queue (issue 30: on 50 ms scrapes, affinity kept one replica's queue while
-    the other sat empty). The usual case costs one read: the primary has nothing waiting.
+    the other sat empty). The usual case costs one read: the primary has nothing waiting
+    (the caller checks that); the next one a set test: no endpoint is idle in this
+    snapshot (``idle``: the indices with nothing running or waiting).
     """
     first = endpoints[candidates[order[0]]]
-    if first.waiting == 0:
+    if first.waiting == 0 or not idle:
         return order
     best = -1
     for pos in range(len(candidates)):
-        m = endpoints[candidates[pos]]
-        if m.waiting or m.running:
+        if candidates[pos] not in idle:
             continue
-        if assignments.in_flight(m.address) or assignments.picked_since_scrape(m.address):
+        address = endpoints[candidates[pos]].address
+        if assignments.in_flight(address) or assignments.picked_since_scrape(address):
             continue
         if best < 0 or totals[pos] > totals[best]:
             best = pos

@@ -209,3 +209,20 @@ def test_an_init_that_never_returns_is_a_load_error(tight):
         "policy 'stuck': init exceeded its 5000 ms budget",
     )
     assert err.value.export == "init"
+
+
+def test_a_guest_functions_budget_changed_after_it_is_made_is_what_its_next_call_gets(tight):
+    """GuestFunc keeps its fuel and deadline as ready-made ctypes arguments: setting
+    ``fuel`` or ``ticks`` must reach the next call, not the values it was made with."""
+    inst = tight.compile(wasm("spin"), name="spin").instantiate()
+    func = inst._score
+    func.fuel = 1_000
+    with pytest.raises(PolicyOutOfFuel) as err:
+        inst.score(score_input(1), 1)
+    assert err.value.fuel == 1_000 and func.fuel == 1_000
+    assert func.fuel_used() == 1_000
+    func.fuel, func.ticks = 10**15, 0  # fuel for hours; the deadline is now
+    started = time.monotonic()
+    with pytest.raises(PolicyTimeout):
+        inst.score(score_input(1), 1)
+    assert time.monotonic() - started < 5.0 and func.ticks == 0

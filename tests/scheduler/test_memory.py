@@ -52,3 +52,77 @@ def test_a_reused_request_id_finds_the_newest_decision():
     m.remember("r", "m", "", "old:1")
     new = m.remember("r", "m", "", "new:1")
     assert m.take(request_id="r")[0] == new
+
+
+class _Reference:
+    """The memory before picks skipped the expiry check: the oldest looked at on every
+    remember (what DecisionMemory must still do, observably)."""
+
+    def __init__(self, ttl_s, max_decisions, clock, on_expire):
+        from collections import OrderedDict
+
+        self.ttl_s, self.max, self.clock, self.on_expire = ttl_s, max_decisions, clock, on_expire
+        self.pending, self.by_request = OrderedDict(), {}
+
+    def remember(self, decision_id, request_id, endpoint):
+        now = self.clock()
+        while self.pending:
+            oldest_id, (rid, ep, expires) = next(iter(self.pending.items()))
+            if expires > now and len(self.pending) < self.max:
+                break
+            self.pending.popitem(last=False)
+            self.on_expire(ep)
+            if rid and self.by_request.get(rid) == oldest_id:
+                del self.by_request[rid]
+        self.pending[decision_id] = (request_id, endpoint, now + self.ttl_s)
+        if request_id:
+            self.by_request[request_id] = decision_id
+
+    def take(self, decision_id="", request_id=""):
+        if not decision_id and request_id:
+            decision_id = self.by_request.get(request_id, "")
+        rec = self.pending.pop(decision_id, None) if decision_id else None
+        if rec is None:
+            return None
+        if rec[0] and self.by_request.get(rec[0]) == decision_id:
+            del self.by_request[rec[0]]
+        return decision_id
+
+
+def test_expiry_is_what_looking_at_the_oldest_on_every_remember_gave():
+    """Picks skip the expiry check until the oldest decision can have expired: the same
+    decisions expire at the same remember as before, clock jumps back included."""
+    import random
+
+    rng = random.Random(29)
+    for trial in range(100):
+        clock = Clock()
+        got, want = [], []
+        m = DecisionMemory(ttl_s=5.0, max_decisions=rng.choice([3, 8, 1000]), clock=clock,
+                           on_expire=got.append)
+        ref = _Reference(5.0, m.max_decisions, clock, want.append)
+        ids = []
+        for step in range(400):
+            r = rng.random()
+            if r < 0.55:
+                rid = rng.choice(["", f"r{rng.randrange(20)}"])
+                endpoint = f"e{rng.randrange(4)}"
+                decision_id = m.remember(rid, "m", "", endpoint)
+                ref.remember(decision_id, rid, endpoint)
+                ids.append(decision_id)
+            elif r < 0.8 and ids:
+                if rng.random() < 0.5:
+                    # often the oldest: the one whose expiry the check waits for
+                    oldest = next(iter(ref.pending), None)
+                    pick = oldest if oldest and rng.random() < 0.5 else rng.choice(ids)
+                    taken = m.take(decision_id=pick)
+                    want_taken = ref.take(decision_id=taken[0]) if taken else None
+                else:
+                    rid = f"r{rng.randrange(20)}"
+                    taken, want_taken = m.take(request_id=rid), ref.take(request_id=rid)
+                assert (taken[0] if taken else None) == want_taken
+            else:  # the clock moves: mostly on, now and then back (trial 0: never back)
+                back = trial and rng.random() < 0.1
+                clock.now += -rng.uniform(0, 8) if back else rng.uniform(0, 3)
+            assert got == want, (trial, step)
+            assert len(m) == len(ref.pending)

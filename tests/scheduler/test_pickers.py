@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 import numpy as np
 import pytest
 
-from epick.scheduler.pickers import MaxScorePicker, WeightedRandomPicker, make_picker
+from epick.scheduler.pickers import (
+    MaxScorePicker,
+    WeightedRandomPicker,
+    _pick_sorted,
+    make_picker,
+)
 
 PICKERS = [MaxScorePicker(), WeightedRandomPicker()]
 IDS = ["max", "weighted-random"]
@@ -57,3 +65,36 @@ def test_make_picker_refuses_an_unknown_name_listing_the_known_ones():
     with pytest.raises(ValueError, match="unknown picker 'best'; expected 'max' or "
                                          "'weighted-random'"):
         make_picker("best")
+
+
+# Answers of the numpy-argsort picker before issue 29's second round (each run of equal
+# totals shuffled by random.Random(seed)): the list-based one must give them exactly, so
+# that bench quality's seeded picks do not move.
+@pytest.mark.parametrize(("totals", "count", "seed", "want"), [
+    ([0.5, 0.9, 0.9, 0.1, 0.9, 0.3], 3, 11, [1, 4, 2]),
+    ([0.0, -0.0, 0.0, 0.2], 3, 5, [3, 0, 1]),
+    ([1.0, math.inf, 0.5, math.inf, -math.inf], 4, 9, [1, 3, 0, 2]),
+    ([0.25, 0.5, 0.25, 0.25, 0.75, 0.5], 5, 123456789, [4, 1, 5, 0, 2]),
+    ([0.3, math.nan, 0.8, 0.8, math.nan], 5, 3, [3, 2, 0, 1, 4]),
+])
+def test_max_gives_the_answers_the_sorting_picker_gave(totals, count, seed, want):
+    assert MaxScorePicker().pick(np.array(totals), count, seed) == want
+
+
+def test_max_equals_numpys_stable_sort_on_random_totals_with_ties():
+    rng = random.Random(29)
+    picker = MaxScorePicker()
+    for _ in range(5000):
+        n = rng.randint(2, 70)
+        kind = rng.random()
+        if kind < 0.4:  # few distinct values: ties everywhere
+            values = [rng.randint(0, 4) / 4 for _ in range(n)]
+        elif kind < 0.5:
+            values = [rng.choice([0.0, -0.0, 1.0, math.inf, -math.inf, 0.5]) for _ in range(n)]
+        elif kind < 0.6:
+            values = [rng.choice([0.0, math.nan, 1.0, 0.5]) for _ in range(n)]
+        else:
+            values = [rng.random() * 3 for _ in range(n)]
+        totals = np.array(values)
+        count, seed = rng.randint(1, 6), rng.getrandbits(63)
+        assert picker.pick(totals, count, seed) == _pick_sorted(totals, count, seed), values

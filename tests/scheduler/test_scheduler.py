@@ -400,3 +400,18 @@ def test_work_conserving_off_keeps_the_scored_order():
     p = view(ep(1, waiting=3), ep(2))
     s = sched(p, PolicyEntry("favour", Favour("10.0.0.1:8000")), work_conserving=False)
     assert s.schedule(req()).endpoint == "10.0.0.1:8000"
+
+
+def test_work_conserving_reads_each_new_snapshots_idle_replicas():
+    """The idle replicas are found once per snapshot: a new snapshot (a scrape) where one
+    became idle, or stopped being idle, changes the pick at once."""
+    views = [view(ep(1, waiting=2), ep(2, running=1), ep(3, running=1), version=1)]
+    favour = PolicyEntry("favour", Favour("10.0.0.1:8000"))
+    s = Scheduler(lambda: views[-1], PolicySet.of(favour))
+    assert s.schedule(req()).endpoint == "10.0.0.1:8000"  # nobody idle
+    views.append(view(ep(1, waiting=2), ep(2, running=1), ep(3), version=2))
+    assert s.schedule(req()).endpoint == "10.0.0.3:8000"  # 3 went idle
+    views.append(view(ep(1, waiting=2), ep(2), ep(3, running=1), version=3))
+    assert s.schedule(req()).endpoint == "10.0.0.2:8000"  # 2 did, and 3 is busy again
+    views.append(view(ep(1, waiting=2), ep(2, running=1), ep(3, waiting=1), version=4))
+    assert s.schedule(req()).endpoint == "10.0.0.1:8000"
