@@ -485,7 +485,8 @@ class Service:
         options = [
             ("grpc.max_receive_message_length", PICK_MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
-            # A burst of calls while the loop is busy waits in Core instead of being refused.
+            # A burst of calls while the loop is busy waits in Core instead of being refused
+            # or cancelled after 30 s (epick.api.grpc_server).
             *PENDING_CALLS_OPTIONS,
         ]
         server = grpc.aio.server(options=options)

@@ -585,7 +585,8 @@ def build_server(decider: Decider, config: ExtProcConfig, openai: OpenAIConfig, 
     # A ProcessingRequest carries the whole body in BUFFERED mode: allow Envoy's buffer
     # (4 MiB in the example) plus headers, above gRPC's 4 MiB default.
     # Thousands of streams open at once while the loop is busy: Core must hold them all
-    # until the loop takes them, not refuse those past 1,000 (epick.api.grpc_server).
+    # until the loop takes them, not refuse those past 1,000 nor cancel those it held
+    # 30 s (epick.api.grpc_server).
     server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port)),
                                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                       *PENDING_CALLS_OPTIONS])

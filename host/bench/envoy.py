@@ -296,22 +296,35 @@ def _load_row(workers: str, name: str, conc: int, row: dict, base: float | None)
 
 
 #: Envoy's counters that say why ext_proc failed a request (docs: ext_proc filter stats).
-EXT_PROC_STATS = ("streams_started", "streams_failed", "stream_msgs_sent", "message_timeouts",
-                  "failure_mode_allowed", "clear_route_cache_upstream_ignored")
+EXT_PROC_STATS = ("streams_started", "streams_failed", "server_half_closed", "stream_msgs_sent",
+                  "message_timeouts", "failure_mode_allowed",
+                  "clear_route_cache_upstream_ignored")
+
+
+#: The ext_proc cluster's counters that say why a stream to epick failed: connects, the
+#: pool, resets, and the connection closed under its streams (by Envoy: ``local``, e.g. its
+#: HTTP/2 flood checks, ``http2.*_flood``; by epick: ``remote``) — any ``http2.`` counter.
+EXT_PROC_CLUSTER_STATS = (
+    "upstream_cx_connect_timeout", "upstream_cx_connect_fail",
+    "upstream_rq_pending_failure_eject", "upstream_rq_pending_overflow",
+    "upstream_cx_destroy_local_with_active_rq", "upstream_cx_destroy_remote_with_active_rq",
+    "upstream_cx_protocol_error", "upstream_cx_close_notify", "upstream_rq_timeout",
+    "upstream_cx_total", "upstream_rq_rx_reset", "upstream_rq_tx_reset")
+#: ``http2.`` stats of the ext_proc cluster that are gauges, not failures.
+_HTTP2_GAUGES = ("streams_active", "pending_send_bytes", "deferred_stream_close",
+                 "outbound_frames_active", "outbound_control_frames_active")
 
 
 def _ext_proc_stats(envoy) -> dict[str, int]:
     stats = envoy.stats("http.inference.ext_proc.")
     out = {k.rsplit(".", 1)[1]: v for k, v in stats.items()
            if k.rsplit(".", 1)[1] in EXT_PROC_STATS and k.startswith("http.inference.ext_proc.")}
-    cluster = envoy.stats("cluster.epick_ext_proc.upstream_")
-    for key in ("upstream_cx_connect_timeout", "upstream_cx_connect_fail",
-                "upstream_rq_pending_failure_eject", "upstream_rq_pending_overflow",
-                "upstream_cx_destroy_remote_with_active_rq", "upstream_rq_timeout",
-                "upstream_cx_total", "upstream_rq_rx_reset", "upstream_rq_tx_reset"):
-        value = cluster.get(f"cluster.epick_ext_proc.{key}")
-        if value is not None:
-            out[f"ext_proc_cluster.{key}"] = value
+    prefix = "cluster.epick_ext_proc."
+    for key, value in envoy.stats(prefix).items():
+        name = key[len(prefix):] if key.startswith(prefix) else ""
+        if name in EXT_PROC_CLUSTER_STATS or (
+                name.startswith("http2.") and name[len("http2."):] not in _HTTP2_GAUGES):
+            out[f"ext_proc_cluster.{name}"] = value
     return out
 
 

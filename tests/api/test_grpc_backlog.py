@@ -7,6 +7,10 @@ that was 6-25% of the requests lost as Envoy's ext_proc ``streams_failed`` (issu
 docs/performance.md). Here the server's loop is blocked while a client opens 2,000
 streams (Health.Watch: a stream that answers once it is taken, then stays open), then
 released: each must get its first message.
+
+Core also cancels a call it held longer than ``grpc.server_max_unrequested_time_in_server``
+(30 s by default) when the loop next asks for one: the streamed losses left at 2,000
+concurrent (tests/envoy/test_busy_loop.py shows them through Envoy).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from grpc_health.v1._async import HealthServicer
 
 from epick import config as cfg
 from epick.api import ext_proc
-from epick.api.grpc_server import MAX_PENDING_CALLS, PENDING_CALLS_OPTIONS
+from epick.api.grpc_server import MAX_PENDING_CALLS, MAX_UNREQUESTED_S, PENDING_CALLS_OPTIONS
 
 STREAMS = 2000
 
@@ -33,26 +37,27 @@ class _NoDecisions:
         raise AssertionError("no pick expected")
 
 
-def _serve_blocked(build, opened: threading.Event, box: dict) -> None:
+def _serve_blocked(build, opened: threading.Event, box: dict, hold_s: float) -> None:
     """Runs in a thread: the server's loop, blocked from start until the client has
-    opened its streams (and one more second), then serving until ``box['stop']``."""
+    opened its streams (and ``hold_s`` more), then serving until ``box['stop']``."""
     async def main() -> None:
         server, port = build()
         await server.start()
         box["port"] = port
         box["ready"].set()
         opened.wait(60)  # the loop is busy: nothing takes the arriving calls
-        time.sleep(1.0)
+        time.sleep(hold_s)
         while not box["stop"].is_set():
             await asyncio.sleep(0.05)
         await server.stop(0)
     asyncio.run(main())
 
 
-def _open_streams(build) -> Counter:
+def _open_streams(build, streams: int = STREAMS, hold_s: float = 1.0) -> Counter:
     opened = threading.Event()
     box = {"ready": threading.Event(), "stop": threading.Event()}
-    thread = threading.Thread(target=_serve_blocked, args=(build, opened, box), daemon=True)
+    thread = threading.Thread(target=_serve_blocked, args=(build, opened, box, hold_s),
+                              daemon=True)
     thread.start()
     assert box["ready"].wait(30)
 
@@ -60,8 +65,8 @@ def _open_streams(build) -> Counter:
         out: Counter = Counter()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{box['port']}") as channel:
             stub = health_pb2_grpc.HealthStub(channel)
-            calls = [stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=60)
-                     for _ in range(STREAMS)]
+            calls = [stub.Watch(health_pb2.HealthCheckRequest(service=""),
+                                timeout=60 + hold_s) for _ in range(streams)]
             for _ in range(4):  # let the client's loop send every call's HEADERS
                 await asyncio.sleep(0.25)
             opened.set()
@@ -105,6 +110,59 @@ def test_grpc_defaults_refuse_them_which_is_why_the_limits_are_raised():
     got = _open_streams(build)
     assert got["served"] < STREAMS, got
     assert STREAMS <= MAX_PENDING_CALLS
+
+
+def _health_server(*options):
+    """A Health server built with epick's options, ``options`` replacing any of them (gRPC
+    takes the first of two same-named options)."""
+    names = {name for name, _ in options}
+    options = [*options, *(o for o in PENDING_CALLS_OPTIONS if o[0] not in names)]
+
+    def build():
+        server = grpc.aio.server(options=options)
+        health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(), server)
+        return server, server.add_insecure_port("127.0.0.1:0")
+    return build
+
+
+def test_grpc_core_cancels_the_calls_it_held_past_the_unrequested_limit():
+    """The second way Core drops calls, shown with the limit at 1 s (the default is 30 s):
+    held 2 s while the loop was busy, every waiting stream is cancelled when the loop comes
+    back. (If a gRPC release stops cancelling, this fails: the option may then go.)"""
+    limit = ("grpc.server_max_unrequested_time_in_server", 1)
+    got = _open_streams(_health_server(limit), streams=20, hold_s=2.0)
+    assert got["served"] <= 1 and got["CANCELLED"] >= 19, got
+    # ... and served with the limit above the wait (the same 2 s).
+    limit = ("grpc.server_max_unrequested_time_in_server", 10)
+    got = _open_streams(_health_server(limit), streams=20, hold_s=2.0)
+    assert got == {"served": 20}
+
+
+def test_epick_servers_hold_a_waiting_call_longer_than_envoy_waits_for_it():
+    """Envoy's own bounds must fire first (504s it counts), not Core's silent cancel; the
+    examples' bounds are checked against this value in tests/envoy/test_example_limits.py."""
+    options = dict(PENDING_CALLS_OPTIONS)
+    assert options["grpc.server_max_unrequested_time_in_server"] == MAX_UNREQUESTED_S
+    assert MAX_UNREQUESTED_S >= 600
+
+
+def test_the_ext_proc_server_is_built_with_the_limits(monkeypatch):
+    built: list[dict] = []
+    real = grpc.aio.server
+
+    def spy(*args, options=None, **kw):
+        built.append(dict(options or ()))
+        return real(*args, options=options, **kw)
+
+    monkeypatch.setattr(grpc.aio, "server", spy)
+
+    async def build() -> None:  # grpc.aio servers are made on a running loop
+        ext_proc.build_server(_NoDecisions(), cfg.ExtProcConfig(listen="127.0.0.1:0"),
+                              cfg.OpenAIConfig(base_model="base"), reuse_port=True)
+    asyncio.run(build())
+    (options,) = built
+    for key, value in PENDING_CALLS_OPTIONS:
+        assert options[key] == value
 
 
 def test_the_pick_api_server_is_built_with_the_same_limits(fake_vllm, tmp_path, monkeypatch):

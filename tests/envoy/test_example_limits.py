@@ -6,7 +6,9 @@ the 2,000 concurrent requests the load bench asks for (Envoy's default, 1,024, a
 503 past it), the ext_proc cluster spreads its streams over connections (so SO_REUSEPORT
 spreads them over `[server] workers`), and no more ext_proc streams can be in flight
 than gRPC Core will hold for epick's loop (epick.api.grpc_server; its default of 1,000
-refused streams at 2,000 concurrent).
+refused streams at 2,000 concurrent), nor leaves one waiting longer than gRPC Core holds it
+before cancelling it (its default of 30 s cut streamed requests at 2,000 concurrent:
+Envoy's FULL_DUPLEX_STREAMED mode has no message timer to fire first).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 import yaml
 from envoy_harness import EXAMPLES
 
-from epick.api.grpc_server import MAX_PENDING_CALLS
+from epick.api.grpc_server import MAX_PENDING_CALLS, MAX_UNREQUESTED_S
 
 CONCURRENT = 2_000
 
@@ -68,3 +70,19 @@ def test_message_timeout_outlasts_a_burst_of_thousands(mode):
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
     (ext_proc,) = [f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc"]
     assert _seconds(ext_proc["typed_config"]["message_timeout"]) >= 30
+
+
+@pytest.mark.parametrize("mode", sorted(EXAMPLES))
+def test_epick_holds_a_waiting_stream_longer_than_envoy_waits_for_it(mode):
+    """Every wait Envoy bounds (message_timeout, the idle timeouts) ends before gRPC Core
+    would cancel the stream in epick: Envoy's bound fires and counts, Core's never does
+    (tests/envoy/test_busy_loop.py)."""
+    doc = yaml.safe_load(EXAMPLES[mode].read_text())
+    (listener,) = doc["static_resources"]["listeners"]
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    (ext_proc,) = [f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc"]
+    waits = [_seconds(ext_proc["typed_config"]["message_timeout"]),
+             _seconds(hcm["stream_idle_timeout"])]
+    waits += [_seconds(route["route"]["idle_timeout"])
+              for vhost in hcm["route_config"]["virtual_hosts"] for route in vhost["routes"]]
+    assert max(waits) < MAX_UNREQUESTED_S, (mode, waits)
