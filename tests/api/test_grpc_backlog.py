@@ -146,15 +146,21 @@ def test_epick_servers_hold_a_waiting_call_longer_than_envoy_waits_for_it():
     assert MAX_UNREQUESTED_S >= 600
 
 
-def test_the_ext_proc_server_is_built_with_the_limits(monkeypatch):
-    built: list[dict] = []
+@pytest.fixture
+def built(monkeypatch) -> list[dict]:
+    """The options of every grpc.aio server built while the test runs."""
+    seen: list[dict] = []
     real = grpc.aio.server
 
-    def spy(*args, options=None, **kw):
-        built.append(dict(options or ()))
+    def server(*args, options=None, **kw):
+        seen.append(dict(options or ()))
         return real(*args, options=options, **kw)
 
-    monkeypatch.setattr(grpc.aio, "server", spy)
+    monkeypatch.setattr(grpc.aio, "server", server)
+    return seen
+
+
+def test_the_ext_proc_server_is_built_with_the_limits(built):
 
     async def build() -> None:  # grpc.aio servers are made on a running loop
         ext_proc.build_server(_NoDecisions(), cfg.ExtProcConfig(listen="127.0.0.1:0"),
@@ -165,18 +171,10 @@ def test_the_ext_proc_server_is_built_with_the_limits(monkeypatch):
         assert options[key] == value
 
 
-def test_the_pick_api_server_is_built_with_the_same_limits(fake_vllm, tmp_path, monkeypatch):
+def test_the_pick_api_server_is_built_with_the_same_limits(fake_vllm, tmp_path, built):
     from epick_service import make_config, running
     from fakes import vllm_page
 
-    built: list[dict] = []
-    real = grpc.aio.server
-
-    def spy(*args, options=None, **kw):
-        built.append(dict(options or ()))
-        return real(*args, options=options, **kw)
-
-    monkeypatch.setattr(grpc.aio, "server", spy)
     engine = fake_vllm(vllm_page())
     with running(make_config([engine.address], policies=("load",), tmp=tmp_path)):
         pass

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 
+from epick.fleet.fleet import VllmFleet
+
 CHILD = textwrap.dedent("""
     import sys, time
     from epick.fleet.fleet import VllmFleet
@@ -41,16 +43,17 @@ def test_sigterm_stops_the_replicas(tmp_path):
     assert marker.read_text() == "stopped"
 
 
+class Stub(VllmFleet):
+    """A fleet that starts and stops nothing: only the signal handling is under test."""
+
+    def start(self, timeout_s=300.0):
+        return []
+
+    def stop(self):
+        pass
+
+
 def test_a_handler_the_program_set_is_kept():
-    from epick.fleet.fleet import VllmFleet
-
-    class Stub(VllmFleet):
-        def start(self, timeout_s=300.0):
-            return []
-
-        def stop(self):
-            pass
-
     def mine(*_):
         pass
 
@@ -64,15 +67,6 @@ def test_a_handler_the_program_set_is_kept():
 
 
 def test_the_default_is_restored_after_the_fleet():
-    from epick.fleet.fleet import VllmFleet
-
-    class Stub(VllmFleet):
-        def start(self, timeout_s=300.0):
-            return []
-
-        def stop(self):
-            pass
-
     old = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         with Stub(1):
