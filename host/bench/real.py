@@ -24,7 +24,11 @@ Per run it reports client-side TTFT p50/p90 (first streamed token), throughput (
 and output tokens per second over the run), vLLM's own prefix-cache hit rate (the change
 in ``prefix_cache_hits_total`` / ``prefix_cache_queries_total`` summed over replicas), and
 for adapter requests the fraction sent to a replica whose page listed the adapter as
-resident at send time (from the 50 ms scrape). Before every run the replicas' prefix
+resident at send time (from the 50 ms scrape), and the adapter loads the routing causes,
+estimated: vLLM's page does not count loads, so each replica's ``--max-loras`` slots are
+modelled as an LRU in send order (a load is an adapter request for an adapter not among the
+replica's last ``max_loras`` distinct ones; each run starts with empty slots, so every
+router pays the same first loads). Before every run the replicas' prefix
 caches are reset (``POST /reset_prefix_cache``, vLLM's dev API) so routers start equal;
 LoRA slots are not reset (vLLM has no call for it): each run starts from the residency
 the previous run left. ``--foreign F`` sends the same seeded fraction F of requests around
@@ -105,7 +109,27 @@ class RunResult:
     prefix_hit_rate: float = 0.0
     adapter_requests: int = 0
     adapter_resident_frac: float = 0.0
+    adapter_loads: int = 0
     per_replica: list[int] = field(default_factory=list)
+
+
+class AdapterSlots:
+    """Each replica's LoRA slots as an LRU in send order: an estimate of adapter loads."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = max(1, slots)
+        self.held: dict[str, list[str]] = {}
+        self.loads = 0
+
+    def send(self, address: str, adapter: str) -> None:
+        held = self.held.setdefault(address, [])
+        if adapter in held:
+            held.remove(adapter)
+        else:
+            self.loads += 1
+            if len(held) >= self.slots:
+                del held[0]
+        held.append(adapter)
 
 
 class Scraper:
@@ -179,13 +203,14 @@ async def _send(http, address, model, req) -> tuple[float | None, int]:
 
 async def _run_one(router: str, reqs, replicas, model: str, epick_target: str | None,
                    scraper: Scraper, http: aiohttp.ClientSession, seed: int,
-                   foreign: float = 0.0) -> RunResult:
+                   foreign: float = 0.0, max_loras: int = 2) -> RunResult:
     addresses = [r.address for r in replicas]
     res = RunResult(workload="", rate=0.0, router=router, per_replica=[0] * len(addresses))
     ttfts: list[float] = []
     tokens = 0
     rr = 0
     resident_hits = 0
+    slots = AdapterSlots(max_loras)
     # The same requests go around the router for every router (a seeded draw per request).
     around = random.Random(seed * 7 + 1)
     direct = [around.random() < foreign for _ in reqs]
@@ -212,6 +237,7 @@ async def _run_one(router: str, reqs, replicas, model: str, epick_target: str | 
         if req.adapter:
             res.adapter_requests += 1
             resident_hits += scraper.resident(address, req.adapter)
+            slots.send(address, req.adapter)
         t0 = time.perf_counter()
         try:
             ttft, n = await _send(http, address, req.adapter or model, req)
@@ -255,6 +281,7 @@ async def _run_one(router: str, reqs, replicas, model: str, epick_target: str | 
     res.out_tok_per_s = tokens / elapsed
     res.prefix_hit_rate = dh / dq if dq else 0.0
     res.adapter_resident_frac = resident_hits / res.adapter_requests if res.adapter_requests else 0.0
+    res.adapter_loads = slots.loads
     return res
 
 
@@ -326,7 +353,8 @@ async def _bench(args, fleet) -> list[RunResult]:
                                 target = epicks[router][1] if router in epicks else None
                                 r = await _run_one(router, reqs, fleet.replicas, SERVED_MODEL,
                                                    target, scraper, http, args.seed,
-                                                   foreign=args.foreign)
+                                                   foreign=args.foreign,
+                                                   max_loras=fleet.max_loras)
                                 r.workload, r.rate = name, rate
                                 results.append(r)
                                 print(_row(r), flush=True)
@@ -340,14 +368,15 @@ async def _bench(args, fleet) -> list[RunResult]:
 
 
 HEADER = (f"{'workload':14} {'rate':>5} {'router':12} {'ok':>5} {'err':>4} {'TTFT p50':>9} "
-          f"{'TTFT p90':>9} {'req/s':>6} {'tok/s':>7} {'vLLM hit':>8} {'resident':>8}  per replica")
+          f"{'TTFT p90':>9} {'req/s':>6} {'tok/s':>7} {'vLLM hit':>8} {'resident':>8} {'loads':>5}  per replica")
 
 
 def _row(r: RunResult) -> str:
     resident = f"{r.adapter_resident_frac:.0%}" if r.adapter_requests else "-"
+    loads = str(r.adapter_loads) if r.adapter_requests else "-"
     return (f"{r.workload:14} {r.rate:>5g} {r.router:12} {r.ok:>5} {r.errors:>4} "
             f"{r.ttft_p50_s * 1000:>7.0f}ms {r.ttft_p90_s * 1000:>7.0f}ms {r.req_per_s:>6.2f} "
-            f"{r.out_tok_per_s:>7.1f} {r.prefix_hit_rate:>8.1%} {resident:>8}  "
+            f"{r.out_tok_per_s:>7.1f} {r.prefix_hit_rate:>8.1%} {resident:>8} {loads:>5}  "
             f"{' '.join(map(str, r.per_replica))}")
 
 
