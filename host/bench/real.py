@@ -22,9 +22,10 @@ request list, open loop (arrivals at the workload's times, never waiting for ans
 
 Per run it reports client-side TTFT p50/p90 (first streamed token), throughput (requests
 and output tokens per second over the run), vLLM's own prefix-cache hit rate (the change
-in ``prefix_cache_hits_total`` / ``prefix_cache_queries_total`` summed over replicas), and
-for adapter requests the fraction sent to a replica whose page listed the adapter as
-resident at send time (from the 50 ms scrape), and the adapter loads the routing causes,
+in ``prefix_cache_hits_total`` / ``prefix_cache_queries_total`` summed over replicas),
+the picks the router refused (a shed: never sent, not counted as ok), and for adapter
+requests the fraction sent to a replica whose page listed the adapter as resident at send
+time (from the 50 ms scrape), and the adapter loads the routing causes,
 estimated: vLLM's page does not count loads, so each replica's ``--max-loras`` slots are
 modelled as an LRU in send order (a load is an adapter request for an adapter not among the
 replica's last ``max_loras`` distinct ones; each run starts with empty slots, so every
@@ -102,6 +103,7 @@ class RunResult:
     sent: int = 0
     ok: int = 0
     errors: int = 0
+    refused: int = 0
     ttft_p50_s: float = 0.0
     ttft_p90_s: float = 0.0
     req_per_s: float = 0.0
@@ -223,9 +225,18 @@ async def _run_one(router: str, reqs, replicas, model: str, epick_target: str | 
         if direct[k]:  # another router's traffic: round-robin, never seen by this router
             address = addresses[k % len(addresses)]
         elif stub is not None:
-            decision = await stub.Pick(pb.PickRequest(
-                model=model, adapter=req.adapter, prompt=req.prompt, seed=seed * 100_003 + k,
-                request_id=req.request_id), timeout=5)
+            try:
+                decision = await stub.Pick(pb.PickRequest(
+                    model=model, adapter=req.adapter, prompt=req.prompt,
+                    seed=seed * 100_003 + k, request_id=req.request_id), timeout=5)
+            except grpc.aio.AioRpcError as e:
+                # A router may refuse (legacy-v1 sheds when its filters leave no endpoint):
+                # counted, never sent, and the run goes on.
+                res.refused += 1
+                if res.refused == 1:
+                    print(f"  {router}: Pick refused: {e.code().name}: {e.details()}",
+                          file=sys.stderr, flush=True)
+                return
             address = decision.endpoint
         elif router == "round-robin":
             address = addresses[rr % len(addresses)]
@@ -367,14 +378,14 @@ async def _bench(args, fleet) -> list[RunResult]:
     return results
 
 
-HEADER = (f"{'workload':14} {'rate':>5} {'router':12} {'ok':>5} {'err':>4} {'TTFT p50':>9} "
+HEADER = (f"{'workload':14} {'rate':>5} {'router':12} {'ok':>5} {'err':>4} {'ref':>4} {'TTFT p50':>9} "
           f"{'TTFT p90':>9} {'req/s':>6} {'tok/s':>7} {'vLLM hit':>8} {'resident':>8} {'loads':>5}  per replica")
 
 
 def _row(r: RunResult) -> str:
     resident = f"{r.adapter_resident_frac:.0%}" if r.adapter_requests else "-"
     loads = str(r.adapter_loads) if r.adapter_requests else "-"
-    return (f"{r.workload:14} {r.rate:>5g} {r.router:12} {r.ok:>5} {r.errors:>4} "
+    return (f"{r.workload:14} {r.rate:>5g} {r.router:12} {r.ok:>5} {r.errors:>4} {r.refused:>4} "
             f"{r.ttft_p50_s * 1000:>7.0f}ms {r.ttft_p90_s * 1000:>7.0f}ms {r.req_per_s:>6.2f} "
             f"{r.out_tok_per_s:>7.1f} {r.prefix_hit_rate:>8.1%} {resident:>8} {loads:>5}  "
             f"{' '.join(map(str, r.per_replica))}")
