@@ -334,6 +334,25 @@ def _ext_proc_stats(envoy) -> dict[str, int]:
     return out
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its live children (epick's workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pids = [pid]
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            pids += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def run_load(args, replica: str, work: Path) -> dict:
     """Per worker count: epick and the mode Envoys started; per concurrency: Envoy alone,
     then each mode, back to back (so each ratio compares runs seconds apart)."""
@@ -354,14 +373,24 @@ def run_load(args, replica: str, work: Path) -> dict:
                 wait_routing(urls, work)
                 for conc in args.concurrent:
                     requests = args.requests or 2 * conc
+                    cpu0 = _cpu_s(alone.proc.pid)
                     base = asyncio.run(load_one(alone.url, conc, requests))
+                    base["envoy_cpu_ms_per_req"] = round(
+                        (_cpu_s(alone.proc.pid) - cpu0) / requests * 1e3, 2)
                     report["runs"].append({"workers": workers, "path": "envoy",
                                            "concurrent": conc, **base})
                     print(_load_row("-", "envoy", conc, base, None), flush=True)
+                    print(f"{'':>17} CPU ms per request: Envoy {base['envoy_cpu_ms_per_req']}",
+                          flush=True)
                     for name, url in urls.items():
                         before = _ext_proc_stats(started[name])
+                        cpu0 = _cpu_s(epick.pid), _cpu_s(started[name].proc.pid)
                         row = asyncio.run(load_one(url, conc, requests))
+                        cpu1 = _cpu_s(epick.pid), _cpu_s(started[name].proc.pid)
                         after = _ext_proc_stats(started[name])
+                        # Who spent the CPU: epick (with its workers) and this Envoy.
+                        row["epick_cpu_ms_per_req"] = round((cpu1[0] - cpu0[0]) / requests * 1e3, 2)
+                        row["envoy_cpu_ms_per_req"] = round((cpu1[1] - cpu0[1]) / requests * 1e3, 2)
                         # Why Envoy's own errors happened (its ext_proc filter's counters).
                         row["envoy_ext_proc"] = {k: after[k] - before.get(k, 0)
                                                  for k in after if after[k] != before.get(k, 0)}
@@ -369,6 +398,9 @@ def run_load(args, replica: str, work: Path) -> dict:
                         report["runs"].append({"workers": workers, "path": name,
                                                "concurrent": conc, **row})
                         print(_load_row(str(workers), name, conc, row, base["req_per_s"]),
+                              flush=True)
+                        print(f"{'':>17} CPU ms per request: epick "
+                              f"{row['epick_cpu_ms_per_req']}, Envoy {row['envoy_cpu_ms_per_req']}",
                               flush=True)
                         for what, n in sorted(row["errors"].items(), key=lambda kv: -kv[1])[:3]:
                             print(f"{'':>17} {n} x {what}")
