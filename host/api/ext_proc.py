@@ -21,6 +21,20 @@ message; none announced = BUFFERED):
     request_headers    CONTINUE            request_body   schedule -> the same mutations
     response_*         CONTINUE (usage read from bodies if Envoy sends them)
 
+Observed (``examples/envoy/envoy-observer.yaml``): a second ext_proc filter in Envoy's
+``observability_mode`` (each message sent without waiting; answers ignored) watches the
+response, placed before the routing filter so it sees the answer after the routing
+filter has set the decision id on it; the routing filter SKIPs the response body and
+tells epick so in its gRPC initial metadata (``x-epick-observed: true``)::
+
+    routing stream     as above (request headers, body), response_headers answered
+                       (the decision id); it reports only when no response came (the
+                       observer cannot know the decision then)
+    observer stream    request_headers (the start TTFT is measured from), response_headers
+                       (x-epick-decision-id, status), response_body ... (usage, TTFT):
+                       never answered; at end_of_stream the completion is reported and
+                       epick ends the stream
+
 Any mode: the first immediate response (400 malformed, 413 too large, 429 shed, 503
 nothing eligible — with ``x-llm-d-request-dropped-reason``) is the last message: the
 stream then ends. ReportCompletion happens once: at the response's end_of_stream (or
@@ -100,6 +114,7 @@ __all__ = [
     "TEST_SELECTION_HEADER",
     "TEST_SERVED_HEADER",
     "TEST_SELECTED_HEADER",
+    "OBSERVED_METADATA",
 ]
 
 log = logging.getLogger("epick.ext_proc")
@@ -110,6 +125,9 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 #: Response header carrying the decision id (to correlate logs, or report by hand).
 DECISION_HEADER = "x-epick-decision-id"
+#: gRPC metadata (the routing filter's ``grpc_service.initial_metadata``) saying that an
+#: observer filter (``observability_mode``) reports this request's completion.
+OBSERVED_METADATA = "x-epick-observed"
 #: Where a data plane puts the endpoints a pick must come from (proposal 004).
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
@@ -252,10 +270,13 @@ class _Stream:
 
     __slots__ = ("svc", "duplex", "response_mode", "headers", "chunks", "size", "subset",
                  "subset_error", "started", "decision", "status", "response_started",
-                 "response_done", "served", "lb_metadata", "reported", "usage", "ended")
+                 "response_done", "served", "lb_metadata", "reported", "usage", "ended",
+                 "observed")
 
-    def __init__(self, svc: ExtProcService) -> None:
+    def __init__(self, svc: ExtProcService, observed: bool = False) -> None:
         self.svc = svc
+        #: An observer stream reports this request's completion (OBSERVED_METADATA).
+        self.observed = observed
         self.duplex = False
         self.response_mode = _Mode.NONE
         self.headers: dict[str, str] = {}
@@ -441,6 +462,10 @@ class _Stream:
         if msg.end_of_stream:
             self._response_end()
         if d is None:
+            if self.observed:  # the observer reports the id it reads here: only epick's
+                return ep.ProcessingResponse(response_headers=ep.HeadersResponse(
+                    response=ep.CommonResponse(header_mutation=ep.HeaderMutation(
+                        remove_headers=[DECISION_HEADER]))))
             return ep.ProcessingResponse(response_headers=ep.HeadersResponse())
         mutation = ep.HeaderMutation(set_headers=[_header(DECISION_HEADER, d.decision_id)])
         if self.svc.config.expose_endpoint:
@@ -473,6 +498,8 @@ class _Stream:
         if self.response_done:
             return
         self.response_done = True
+        if self.observed:
+            return  # the observer saw the same end, with the body: it reports
         if self.status is not None and self.status >= 400:
             self._report(abi.CompletionStatus.ERROR)
         else:
@@ -519,6 +546,8 @@ class _Stream:
         """The stream ended (Envoy closes it when the HTTP stream is done): report once."""
         if self.reported or self.decision is None:
             return
+        if self.observed and self.status is not None:
+            return  # the answer carried the decision id to the observer: it reports
         if self.status is None:
             self._report(abi.CompletionStatus.CANCELLED)  # no response came
         elif self.response_mode != _Mode.NONE and not self.response_done:
@@ -527,6 +556,98 @@ class _Stream:
             self._report(abi.CompletionStatus.ERROR)
         else:
             self._report(abi.CompletionStatus.OK)
+
+
+class _Observer:
+    """One request's observer stream (a filter in ``observability_mode``): Envoy sends
+    each message without waiting for an answer and ignores any, so none is sent.
+
+    The decision id comes from the answer's ``x-epick-decision-id`` (set by the routing
+    filter, which comes after this one in Envoy's chain: the answer passes it first);
+    TTFT is measured from this stream's request headers. The completion is reported once:
+    at the answer's end_of_stream (or trailers) — then epick ends the stream, so it does
+    not linger for Envoy's ``deferred_close_timeout`` — else when the stream ends.
+    """
+
+    __slots__ = ("svc", "started", "decision_id", "served", "status", "usage", "done",
+                 "reported", "ended")
+
+    def __init__(self, svc: ExtProcService) -> None:
+        self.svc = svc
+        self.started = time.perf_counter()
+        self.decision_id = ""
+        self.served = ""
+        self.status: int | None = None
+        self.usage: UsageReader | None = None
+        self.done = False
+        self.reported = False
+        self.ended = False
+
+    def handle(self, msg: ep.ProcessingRequest) -> None:
+        kind = msg.WhichOneof("request")
+        if kind == "response_body":  # the most frequent by far (every answer chunk)
+            body = msg.response_body
+            if self.usage is not None:
+                self.usage.feed(body.body, time.perf_counter())
+            if body.end_of_stream:
+                self._end()
+        elif kind == "request_headers":
+            self.started = time.perf_counter()
+        elif kind == "response_headers":
+            self._response_headers(msg)
+        elif kind == "response_trailers":
+            self._end()
+
+    def _response_headers(self, msg: ep.ProcessingRequest) -> None:
+        headers = _headers(msg.response_headers)
+        status = headers.get(":status", "")
+        self.status = int(status) if status.isdigit() else None
+        self.decision_id = headers.get(DECISION_HEADER, "")
+        if msg.HasField("metadata_context"):
+            ns = msg.metadata_context.filter_metadata.get(self.svc.config.metadata_namespace)
+            if ns is not None and SERVED_KEY in ns.fields:
+                self.served = ns.fields[SERVED_KEY].string_value
+        if self.decision_id:
+            self.usage = UsageReader(headers.get("content-type", ""), self.started,
+                                     limit=self.svc.config.max_body_bytes)
+        if msg.response_headers.end_of_stream:
+            self._end()
+
+    def _end(self) -> None:
+        self.done = True
+        self.ended = True
+        self._report(abi.CompletionStatus.ERROR if self.status is not None
+                     and self.status >= 400 else abi.CompletionStatus.OK)
+
+    def _report(self, status: abi.CompletionStatus) -> None:
+        if not self.decision_id or self.reported:
+            return
+        self.reported = True
+        usage = self.usage
+        if usage is not None:
+            usage.finish()
+        svc = self.svc
+        complete = svc.decider.complete if svc.scheduler is None else svc.scheduler.complete
+        # The endpoint that served, if the data plane said (metadata); else empty: the
+        # scheduler releases the endpoint it picked, by the decision id.
+        complete(
+            decision_id=self.decision_id, endpoint=self.served, status=status,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+            ttft_s=usage.ttft_s if usage else None)
+
+    def finish(self) -> None:
+        """The stream ended before the answer did (the client left): CANCELLED."""
+        if not self.reported:
+            self._report(abi.CompletionStatus.CANCELLED)
+
+
+def _observed(context) -> bool:
+    """Whether the routing filter says an observer reports (OBSERVED_METADATA)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == OBSERVED_METADATA:
+            return value.strip().lower() in ("true", "1")
+    return False
 
 
 def _awaitable(decide):
@@ -542,8 +663,9 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
     """Serves ``Process`` streams through ``decider`` (the pick path every front end
     shares) on the event-loop thread, reading requests with the ``openai`` settings.
 
-    ``on_complete(decision, status, usage)`` (optional) sees every reported completion
-    (with the :class:`UsageReader`, or ``None`` when no body was read).
+    ``on_complete(decision, status, usage)`` (optional) sees every completion a routing
+    stream reports (with the :class:`UsageReader`, or ``None`` when no body was read); an
+    observer stream's reports (which know only the decision id) go to the scheduler alone.
 
     ``decider`` is the service's :class:`Decider` (called synchronously), or a remote one
     (a front-end worker's: ``decide_async``, ``refuse`` and ``complete``).
@@ -562,9 +684,18 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
 
     async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest],
                       context) -> AsyncIterator[ep.ProcessingResponse]:
-        stream = _Stream(self)
+        messages = request_iterator.__aiter__()
         try:
-            async for msg in request_iterator:
+            first = await messages.__anext__()
+        except StopAsyncIteration:
+            return
+        if first.observability_mode:
+            await self._observe(first, messages)
+            return
+        stream = _Stream(self, _observed(context))
+        try:
+            msg = first
+            while True:
                 out = stream.handle(msg)
                 if not isinstance(out, list):  # waiting for a decision (flow control, a worker)
                     out = await out
@@ -572,6 +703,24 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                     yield response
                 if stream.ended:
                     return  # one immediate response, then the stream ends
+                try:
+                    msg = await messages.__anext__()
+                except StopAsyncIteration:
+                    return
+        finally:
+            stream.finish()
+
+    async def _observe(self, first: ep.ProcessingRequest, messages) -> None:
+        """An observer stream: read, never answer; end it once the answer ended."""
+        stream = _Observer(self)
+        try:
+            stream.handle(first)
+            if stream.ended:
+                return
+            async for msg in messages:
+                stream.handle(msg)
+                if stream.ended:
+                    return
         finally:
             stream.finish()
 

@@ -16,6 +16,8 @@
     sandbox-under-fire     Pick latency beside hostile modules, hot swaps under load
     envoy latency|load     what routing through epick adds inside a real Envoy
     ext-proc-chunk         µs per streamed answer chunk through ext_proc, before/after
+    ext-proc-grpc          server CPU per ext_proc stream and per chunk over gRPC,
+                           answered (streamed) vs observed (observability_mode)
     regress --base REF     the pick path's cost, this working tree ÷ a git ref
     stages                 answer_pick's time per stage and per policy
     http                   POST /v1/pick beside unary gRPC Pick (--servers, --proxies)
@@ -50,6 +52,7 @@ BENCHMARKS = {
     "sandbox-under-fire": "sandbox_under_fire",
     "envoy": "envoy",
     "ext-proc-chunk": "ext_proc_chunk",
+    "ext-proc-grpc": "ext_proc_grpc",
     "regress": "regress",
     "stages": "stages",
     "http": "http",

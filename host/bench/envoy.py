@@ -3,7 +3,7 @@ ext_proc body modes; and a load run of many concurrent streaming requests.
 
     epick bench envoy latency [--requests 2000] [--concurrency 1,8] [--workers 1]
     epick bench envoy load [--concurrent 500,1000] [--requests 2000] [--workers 1,2]
-                           [--modes buffered,streamed]
+                           [--modes buffered,streamed,observed]
     epick bench envoy pick [--workers 1,2] [--requests 4000]
 
 Processes (all loopback): a replica (aiohttp, one process; answers at once, or streams
@@ -15,6 +15,9 @@ three Envoys on the committed examples, and this process as the client:
     buffered         examples/envoy/envoy.yaml (BUFFERED request body -> epick)
     streamed         examples/envoy/envoy-streaming.yaml (FULL_DUPLEX_STREAMED request and
                      response bodies through epick, upstream's mode)
+    observed         examples/envoy/envoy-observer.yaml (the request as streamed; the
+                     answer only observed: an ext_proc filter in observability_mode; a
+                     ``load`` mode only, not in the default list)
 
 ``latency``: each client thread alternates the three paths in blocks of 50 requests, so
 machine noise hits all alike; prints p50/p99 per path and what each mode adds over Envoy
@@ -140,7 +143,8 @@ def envoys(ext_proc: int, replica: str, paths=("envoy", "buffered", "streamed"))
     """Body mode (or ``envoy``: ext_proc off) -> an ``envoy_harness.Envoy``, not started."""
     h = checkout.tests_module("envoy", "envoy_harness")
     kw = {"ext_proc_port": ext_proc, "replicas": [replica], "access_log": False}
-    files = {"envoy": h.EXAMPLE, "buffered": h.EXAMPLE, "streamed": h.STREAMING}
+    files = {"envoy": h.EXAMPLE, "buffered": h.EXAMPLE, "streamed": h.STREAMING,
+             "observed": h.OBSERVER}
     return {name: h.Envoy(h.render(files[name].read_text(), ext_proc=name != "envoy", **kw))
             for name in paths}
 
@@ -317,8 +321,10 @@ _HTTP2_GAUGES = ("streams_active", "pending_send_bytes", "deferred_stream_close"
 
 def _ext_proc_stats(envoy) -> dict[str, int]:
     stats = envoy.stats("http.inference.ext_proc.")
-    out = {k.rsplit(".", 1)[1]: v for k, v in stats.items()
-           if k.rsplit(".", 1)[1] in EXT_PROC_STATS and k.startswith("http.inference.ext_proc.")}
+    head = "http.inference.ext_proc."
+    # The routing filter's counters, and the observer's as ``observer.<name>``.
+    out = {k[len(head):]: v for k, v in stats.items()
+           if k.rsplit(".", 1)[1] in EXT_PROC_STATS and k.startswith(head)}
     prefix = "cluster.epick_ext_proc."
     for key, value in envoy.stats(prefix).items():
         name = key[len(prefix):] if key.startswith(prefix) else ""
@@ -326,6 +332,25 @@ def _ext_proc_stats(envoy) -> dict[str, int]:
                 name.startswith("http2.") and name[len("http2."):] not in _HTTP2_GAUGES):
             out[f"ext_proc_cluster.{name}"] = value
     return out
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its live children (epick's workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pids = [pid]
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            pids += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def run_load(args, replica: str, work: Path) -> dict:
@@ -348,14 +373,24 @@ def run_load(args, replica: str, work: Path) -> dict:
                 wait_routing(urls, work)
                 for conc in args.concurrent:
                     requests = args.requests or 2 * conc
+                    cpu0 = _cpu_s(alone.proc.pid)
                     base = asyncio.run(load_one(alone.url, conc, requests))
+                    base["envoy_cpu_ms_per_req"] = round(
+                        (_cpu_s(alone.proc.pid) - cpu0) / requests * 1e3, 2)
                     report["runs"].append({"workers": workers, "path": "envoy",
                                            "concurrent": conc, **base})
                     print(_load_row("-", "envoy", conc, base, None), flush=True)
+                    print(f"{'':>17} CPU ms per request: Envoy {base['envoy_cpu_ms_per_req']}",
+                          flush=True)
                     for name, url in urls.items():
                         before = _ext_proc_stats(started[name])
+                        cpu0 = _cpu_s(epick.pid), _cpu_s(started[name].proc.pid)
                         row = asyncio.run(load_one(url, conc, requests))
+                        cpu1 = _cpu_s(epick.pid), _cpu_s(started[name].proc.pid)
                         after = _ext_proc_stats(started[name])
+                        # Who spent the CPU: epick (with its workers) and this Envoy.
+                        row["epick_cpu_ms_per_req"] = round((cpu1[0] - cpu0[0]) / requests * 1e3, 2)
+                        row["envoy_cpu_ms_per_req"] = round((cpu1[1] - cpu0[1]) / requests * 1e3, 2)
                         # Why Envoy's own errors happened (its ext_proc filter's counters).
                         row["envoy_ext_proc"] = {k: after[k] - before.get(k, 0)
                                                  for k in after if after[k] != before.get(k, 0)}
@@ -363,6 +398,9 @@ def run_load(args, replica: str, work: Path) -> dict:
                         report["runs"].append({"workers": workers, "path": name,
                                                "concurrent": conc, **row})
                         print(_load_row(str(workers), name, conc, row, base["req_per_s"]),
+                              flush=True)
+                        print(f"{'':>17} CPU ms per request: epick "
+                              f"{row['epick_cpu_ms_per_req']}, Envoy {row['envoy_cpu_ms_per_req']}",
                               flush=True)
                         for what, n in sorted(row["errors"].items(), key=lambda kv: -kv[1])[:3]:
                             print(f"{'':>17} {n} x {what}")
@@ -452,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", type=lambda t: [m for m in t.split(",") if m],
                     default=["buffered", "streamed"],
                     help="load: body modes through epick (buffered = envoy.yaml, streamed = "
-                         "envoy-streaming.yaml)")
+                         "envoy-streaming.yaml, observed = envoy-observer.yaml)")
     ap.add_argument("--chunks", type=int, default=None,
                     help="SSE events per streamed answer (latency 1, load 20)")
     ap.add_argument("--chunk-delay", type=float, default=0.02, help="seconds between events")
@@ -464,9 +502,9 @@ def main(argv: list[str] | None = None) -> int:
         args.requests = 2000
     if args.what == "pick" and args.requests is None:
         args.requests = 4000
-    unknown = set(args.modes) - {"buffered", "streamed"}
+    unknown = set(args.modes) - {"buffered", "streamed", "observed"}
     if unknown:
-        ap.error(f"--modes: unknown {', '.join(sorted(unknown))} (buffered, streamed)")
+        ap.error(f"--modes: unknown {', '.join(sorted(unknown))} (buffered, streamed, observed)")
 
     work = Path(tempfile.mkdtemp(prefix="epick-bench-"))
     port = free_port()

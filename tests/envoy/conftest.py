@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from envoy_harness import EXAMPLES, Envoy, EnvoyError, find_envoy, render
+from envoy_harness import ALL_EXAMPLES, EXAMPLES, Envoy, EnvoyError, find_envoy, render
 from epick_service import running
 from replica import replicas_fixture  # noqa: F401  (a fixture, shared with tests/dataplanes)
 
@@ -78,7 +78,7 @@ def envoy(envoy_mode) -> Iterator:
 
     def start(ext_proc_port: int, replicas: list[str], *, fail_open: bool = False,
               edit=None) -> Envoy:
-        text = render(EXAMPLES[envoy_mode].read_text(), ext_proc_port=ext_proc_port,
+        text = render(ALL_EXAMPLES[envoy_mode].read_text(), ext_proc_port=ext_proc_port,
                       replicas=replicas, fail_open=fail_open)
         e = Envoy(edit(text) if edit else text)
         started.append(e)

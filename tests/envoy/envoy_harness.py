@@ -25,15 +25,20 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["EXAMPLE", "STREAMING", "EXAMPLES", "EnvoyError", "find_envoy", "render", "Envoy"]
+__all__ = ["EXAMPLE", "STREAMING", "OBSERVER", "EXAMPLES", "ALL_EXAMPLES", "EnvoyError", "find_envoy", "render", "Envoy"]
 
 REPO = Path(__file__).resolve().parents[2]  # tests/envoy/envoy_harness.py -> the root
 #: The committed example config (BUFFERED request bodies).
 EXAMPLE = REPO / "examples" / "envoy" / "envoy.yaml"
 #: The committed streaming example (FULL_DUPLEX_STREAMED, upstream's mode).
 STREAMING = REPO / "examples" / "envoy" / "envoy-streaming.yaml"
-#: Body mode -> its example file.
+#: The streaming example with the answer only observed (a second ext_proc filter in
+#: observability_mode reads usage and TTFT; Envoy never waits on epick per chunk).
+OBSERVER = REPO / "examples" / "envoy" / "envoy-observer.yaml"
+#: Body mode -> its example file (every Envoy test runs on each: the ``envoy_mode`` fixture).
 EXAMPLES = {"buffered": EXAMPLE, "streamed": STREAMING}
+#: Every committed example (``observed``: tests that ask for it by ``envoy_mode``).
+ALL_EXAMPLES = {**EXAMPLES, "observed": OBSERVER}
 
 
 class EnvoyError(RuntimeError):

@@ -15,7 +15,7 @@ from collections import Counter
 
 import httpx
 import pytest
-from envoy_harness import EXAMPLES, find_envoy
+from envoy_harness import ALL_EXAMPLES, find_envoy
 from epick_service import spy_complete
 from fakes import vllm_page
 from proxy_checks import (
@@ -173,9 +173,9 @@ def test_envoy_receives_the_choice_as_envoy_lb_metadata_too(stack):
         assert upstream == chosen and upstream in {r.address for r in idle}, line
 
 
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+@pytest.mark.parametrize("name", sorted(ALL_EXAMPLES))
 def test_the_committed_examples_are_valid_envoy_configs(name):
-    path = EXAMPLES[name]
+    path = ALL_EXAMPLES[name]
     result = subprocess.run([str(find_envoy()), "--mode", "validate", "-c", str(path),
                              "--disable-hot-restart"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr

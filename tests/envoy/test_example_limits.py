@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from envoy_harness import EXAMPLES
+from envoy_harness import ALL_EXAMPLES as EXAMPLES
 
 from epick.api.grpc_server import MAX_PENDING_CALLS, MAX_UNREQUESTED_S
 

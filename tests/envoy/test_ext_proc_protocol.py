@@ -82,9 +82,27 @@ def pool(replicas):
     return [r.address for r in replicas(3, vllm_page())]
 
 
-def converse(svc, messages):
+def converse(svc, messages, *, observed=False):
+    """The answers to ``messages`` on one stream; ``observed``: as the routing filter of
+    envoy-observer.yaml (its gRPC initial metadata says an observer reports)."""
+    metadata = [("x-epick-observed", "true")] if observed else None
     with grpc.insecure_channel(f"127.0.0.1:{svc.ext_proc_port}") as channel:
-        return list(ep_grpc.ExternalProcessorStub(channel).Process(iter(messages), timeout=10))
+        return list(ep_grpc.ExternalProcessorStub(channel).Process(
+            iter(messages), timeout=10, metadata=metadata))
+
+
+def observing(msg):
+    """``msg`` as an observer filter sends it (observability_mode)."""
+    msg.observability_mode = True
+    return msg
+
+
+def response_headers_with_id(decision_id, status="200", ctype="text/event-stream", eos=False):
+    msg = response_headers_msg(status, ctype=ctype)
+    msg.response_headers.headers.headers.add(key="x-epick-decision-id",
+                                             raw_value=decision_id.encode())
+    msg.response_headers.end_of_stream = eos
+    return observing(msg)
 
 
 def pending(svc) -> int:
@@ -476,13 +494,13 @@ def test_the_ext_proc_port_answers_health_checks_under_upstreams_names(epick, po
 def test_the_example_epick_config_matches_the_example_envoy_configs():
     import re
 
-    from envoy_harness import EXAMPLE, EXAMPLES
+    from envoy_harness import ALL_EXAMPLES, EXAMPLE
 
     from epick import config as cfg
 
     conf = cfg.load(EXAMPLE.parent / "epick.toml")
     assert conf.ext_proc.listen == "127.0.0.1:9004"
-    for path in EXAMPLES.values():
+    for path in ALL_EXAMPLES.values():
         envoy_yaml = path.read_text()
         assert "port_value: 9004}" in envoy_yaml
         block = envoy_yaml.split("# BEGIN replicas")[1].split("# END replicas")[0]
@@ -535,3 +553,99 @@ def test_a_body_that_is_not_json_is_counted_invalid_like_any_malformed_pick(epic
         "malformed request: the body is not valid JSON")
     after = picks_recorded()
     assert {o: after[o] - before[o] for o in after if after[o] != before[o]} == {"invalid": 1}
+
+
+# -- the observer (examples/envoy/envoy-observer.yaml) ------------------------------------
+
+def routed_id(svc, *, observed=True, respond=True):
+    """A routing stream as the observed example's routing filter runs it: its answers."""
+    msgs = [headers_msg(body_mode=DUPLEX),
+            body_msg({"model": "base", "prompt": "one two three", "stream": True})]
+    if respond:
+        msgs.append(response_headers_msg("200", ctype="text/event-stream"))
+    return converse(svc, msgs, observed=observed)
+
+
+def test_an_observed_routing_stream_leaves_the_report_to_the_observer(epick, pool):
+    svc = epick(pool)
+    seen = spy_complete(svc)
+    out = routed_id(svc)
+    decision_id = set_headers(out[-1].response_headers.response)["x-epick-decision-id"]
+    time.sleep(0.3)  # the routing stream has ended: it reported nothing
+    assert seen == [] and pending(svc) == 1
+    events = [b'data: {"choices":[{"text":"a"}]}\n\n',
+              b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n',
+              b"data: [DONE]\n\n"]
+    answers = converse(svc, [
+        observing(headers_msg()), response_headers_with_id(decision_id),
+        *[observing(response_body_msg(e, eos=i == len(events) - 1))
+          for i, e in enumerate(events)]])
+    assert answers == []  # an observer is never answered
+    wait_reported(svc)
+    assert pending(svc) == 0
+    (kw,) = seen
+    assert (kw["decision_id"], kw["status"], kw["prompt_tokens"], kw["completion_tokens"]) == (
+        decision_id, 0, 3, 1)
+    assert 0 <= kw["ttft_s"] < 10
+
+
+def test_an_observed_request_with_no_answer_is_reported_cancelled_by_the_routing_stream(
+        epick, pool):
+    svc = epick(pool)
+    seen = spy_complete(svc)
+    routed_id(svc, respond=False)  # the client left before the answer: no id to observe
+    wait_reported(svc)
+    assert pending(svc) == 0
+    assert [kw["status"] for kw in seen] == [2]
+
+
+def test_without_the_metadata_the_routing_stream_reports_as_before(epick, pool):
+    svc = epick(pool)
+    seen = spy_complete(svc)
+    routed_id(svc, observed=False)
+    wait_reported(svc)
+    assert [kw["status"] for kw in seen] == [0]
+
+
+def test_an_observer_whose_answer_never_ends_reports_cancelled_once(epick, pool):
+    svc = epick(pool)
+    seen = spy_complete(svc)
+    out = routed_id(svc)
+    decision_id = set_headers(out[-1].response_headers.response)["x-epick-decision-id"]
+    converse(svc, [observing(headers_msg()), response_headers_with_id(decision_id, "500"),
+                   observing(response_body_msg(b"data: {}\n\n"))])  # then the stream closes
+    wait_reported(svc)
+    assert [(kw["decision_id"], kw["status"]) for kw in seen] == [(decision_id, 2)]
+
+
+def test_an_observer_reports_an_error_status_and_a_body_less_answer_at_its_headers(epick, pool):
+    svc = epick(pool)
+    seen = spy_complete(svc)
+    out = routed_id(svc)
+    decision_id = set_headers(out[-1].response_headers.response)["x-epick-decision-id"]
+    converse(svc, [observing(headers_msg()),
+                   response_headers_with_id(decision_id, "503", eos=True)])
+    wait_reported(svc)
+    assert [(kw["decision_id"], kw["status"], kw["ttft_s"]) for kw in seen] == [
+        (decision_id, 1, None)]
+
+
+def test_an_observer_without_a_decision_id_reports_nothing(epick, pool):
+    svc = epick(pool)
+    seen = spy_complete(svc)
+    routed_id(svc)
+    converse(svc, [observing(headers_msg()), observing(response_headers_msg("200")),
+                   observing(response_body_msg(b"x", eos=True))])
+    time.sleep(0.3)
+    assert seen == [] and pending(svc) == 1
+
+
+def test_an_observed_routing_stream_without_a_decision_strips_an_upstream_decision_id(
+        epick, pool):
+    svc = epick(pool)
+    # Not routed yet (BUFFERED headers, then an answer): no decision, so the answer must
+    # not carry an id (an upstream's) that the observer would report for.
+    out = converse(svc, [headers_msg(), response_headers_msg("200")], observed=True)
+    assert out[-1].response_headers.response.header_mutation.remove_headers == [
+        "x-epick-decision-id"]
+

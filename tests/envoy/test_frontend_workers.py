@@ -17,18 +17,22 @@ import grpc
 import msgspec
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from epick_service import running
+from epick_service import running, spy_complete
 from fakes import vllm_page
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from test_ext_proc_protocol import (
     DUPLEX,
     HEADER,
     body_msg,
+    converse,
     duplex_headers,
     headers_msg,
     immediate_of,
+    observing,
+    pending,
     response_body_msg,
     response_headers_msg,
+    response_headers_with_id,
     set_headers,
     wait_reported,
 )
@@ -105,6 +109,32 @@ def test_decisions_are_the_same_with_one_and_with_two_workers(epick, replicas, s
         assert svc.service.scheduler.pending_decisions == 0
     assert runs[1] == runs[2]
     assert len(set(runs[1])) > 1  # the picks vary, so agreeing means something
+
+
+def test_an_observer_reports_through_whichever_worker_holds_its_stream(epick, replicas):
+    """envoy-observer.yaml's two streams per request, each on its own connection (so the
+    kernel may hand them to different workers): every completion reported once, with the
+    observer's usage and TTFT, and nothing left in flight."""
+    pool = [r.address for r in replicas(3, vllm_page())]
+    svc = epick(pool, server={"workers": 2})
+    seen = spy_complete(svc)
+    answer = [b'data: {"choices":[{"text":"a"}]}\n\n',
+              b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n']
+    ids = []
+    for i in range(6):
+        out = converse(svc, [duplex_headers(),
+                             body_msg({"model": "base", "prompt": PROMPTS[i], "stream": True}),
+                             response_headers_msg(ctype="text/event-stream")], observed=True)
+        decision_id = set_headers(out[-1].response_headers.response)["x-epick-decision-id"]
+        ids.append(decision_id)
+        assert converse(svc, [observing(headers_msg()), response_headers_with_id(decision_id),
+                              *[observing(response_body_msg(e, eos=j == 1))
+                                for j, e in enumerate(answer)]]) == []
+    _wait(lambda: len(seen) == 6 and pending(svc) == 0, what="six reports")
+    assert sorted(kw["decision_id"] for kw in seen) == sorted(ids)
+    assert {(kw["status"], kw["prompt_tokens"], kw["completion_tokens"]) for kw in seen} == {
+        (0, 3, 1)}
+    assert all(kw["ttft_s"] is not None for kw in seen)
 
 
 def test_workers_share_the_port_restart_when_killed_and_stop_with_the_service(
