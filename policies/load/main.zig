@@ -5,18 +5,14 @@
 //!   work  = work_scale / (work_scale + w), w = ctx.work(i) = max(running + waiting +
 //!           picked_since_scrape, in_flight): absolute, so an idle replica (1.0) is told
 //!           from a busy one at any load, and a replica just given work stops looking idle
-//!           before its next scrape. For a base-model request, a candidate with requests
-//!           its page does not show yet (w > running + waiting: picked since the scrape,
-//!           or in the engine's front end) counts `unseen_work` more: w + unseen_work. Less than one
-//!           request, so it only orders candidates that tie on requests: the one whose new
-//!           request is still ahead of its prefill goes last (issue 30, zero-hit).
+//!           before its next scrape
 //!   score = (queue_weight · queue + kv_weight · kv + work_weight · work)
 //!           / (queue_weight + kv_weight + work_weight)
 
 const sdk = @import("epick");
 
 pub const name = "load";
-pub const version = "1.1.0";
+pub const version = "1.0.0";
 pub const kind = "load";
 pub const panic = sdk.panic;
 
@@ -25,9 +21,6 @@ pub const Params = struct {
     kv_weight: f64 = 1.0,
     work_weight: f64 = 2.0,
     work_scale: f64 = 8.0,
-    /// Extra work (in requests) of a candidate with unseen requests, base-model requests
-    /// only; 0 = off (the rule before issue 30's zero-hit fix).
-    unseen_work: f64 = 0.25,
 
     pub fn check(p: *const Params) sdk.Error!void {
         // `!(x >= 0)` also refuses NaN.
@@ -35,7 +28,6 @@ pub const Params = struct {
         if (!(p.kv_weight >= 0) or !(p.kv_weight < inf)) return sdk.fail("param 'kv_weight': {d} must be a finite number >= 0", .{p.kv_weight});
         if (!(p.work_weight >= 0) or !(p.work_weight < inf)) return sdk.fail("param 'work_weight': {d} must be a finite number >= 0", .{p.work_weight});
         if (!(p.work_scale > 0) or !(p.work_scale < inf)) return sdk.fail("param 'work_scale': {d} must be a finite number > 0", .{p.work_scale});
-        if (!(p.unseen_work >= 0) or !(p.unseen_work < inf)) return sdk.fail("param 'unseen_work': {d} must be a finite number >= 0", .{p.unseen_work});
         if (p.queue_weight + p.kv_weight + p.work_weight == 0) return sdk.fail("params 'queue_weight', 'kv_weight' and 'work_weight' are all 0; at least one must be > 0", .{});
     }
 };
@@ -47,14 +39,12 @@ var wq: f64 = 1.0;
 var wkv: f64 = 1.0;
 var ww: f64 = 2.0;
 var scale: f64 = 8.0;
-var unseen: f64 = 0.25;
 
 pub fn init(p: *const Params) sdk.Error!void {
     wq = p.queue_weight;
     wkv = p.kv_weight;
     ww = p.work_weight;
     scale = p.work_scale;
-    unseen = p.unseen_work;
 }
 
 pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
@@ -66,7 +56,6 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
         min_q = @min(min_q, q);
         max_q = @max(max_q, q);
     }
-    const base_model = ctx.request.adapter.len == 0 and unseen > 0;
     // In i128: a garbage pool with queues near the i64 limits must not overflow.
     const span: f64 = @floatFromInt(@as(i128, max_q) - min_q);
     for (out, 0..) |*o, i| {
@@ -75,15 +64,7 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
         // NaN kv_usage (never sent by the host) would compare false both ways: treat as full.
         const kv_used: f64 = if (e.kv_usage >= 0) @min(e.kv_usage, 1.0) else if (e.kv_usage < 0) 0.0 else 1.0;
         const kv = 1.0 - kv_used;
-        const w = ctx.work(i);
-        var wf: f64 = @floatFromInt(w);
-        // Requests the page does not show: picked since the scrape, or still in the
-        // engine's front end (in flight beyond running + waiting). A base-model request
-        // sent there would share or wait for their prefill; an adapter request is placed
-        // by residency first (lora-affinity), and spreading it cost multi-LoRA p90
-        // (docs/quality.md, "Zero-hit").
-        if (base_model and w > @as(i64, @max(e.running, 0)) +| @max(e.waiting, 0)) wf += unseen;
-        const work = scale / (scale + wf);
+        const work = scale / (scale + @as(f64, @floatFromInt(ctx.work(i))));
         o.* = (wq * queue + wkv * kv + ww * work) / (wq + wkv + ww);
     }
 }

@@ -70,9 +70,8 @@ def test_resident_snapshot_scores_like_an_inline_one(policy):
         ({"queue_weight": 0, "kv_weight": 0, "work_weight": 0}, "params 'queue_weight', 'kv_weight' and 'work_weight' are all 0; at least one must be > 0"),
         ({"work_scale": 0}, "param 'work_scale': 0 must be a finite number > 0"),
         ({"kv_weight": "high"}, "param 'kv_weight': expected a number, got a string"),
-        ({"unseen_work": -0.5}, "param 'unseen_work': -0.5 must be a finite number >= 0"),
     ],
-    ids=["negative", "all-zero", "zero-scale", "ill-typed", "negative-unseen"],
+    ids=["negative", "all-zero", "zero-scale", "ill-typed"],
 )
 def test_bad_weights_are_refused_naming_the_param(policy, params, message):
     with pytest.raises(PolicyLoadError) as info:
@@ -83,8 +82,7 @@ def test_bad_weights_are_refused_naming_the_param(policy, params, message):
 def test_describe_reports_kind_and_default_weights(policy):
     d = policy("load").describe()
     assert (d.name, d.kind, d.params) == ("load", "load", {
-        "queue_weight": 1.0, "kv_weight": 1.0, "work_weight": 2.0, "work_scale": 8.0,
-        "unseen_work": 0.25})
+        "queue_weight": 1.0, "kv_weight": 1.0, "work_weight": 2.0, "work_scale": 8.0})
 
 
 def test_queues_at_the_int64_limits_still_score_in_range(policy):
@@ -101,33 +99,12 @@ def test_work_tells_an_idle_replica_from_a_busy_one_when_queues_are_empty(policy
 
 
 def test_picks_the_scrape_has_not_seen_count_as_work(policy):
-    inst = policy("load", queue_weight=0, kv_weight=0, work_scale=4, unseen_work=0)
+    inst = policy("load", queue_weight=0, kv_weight=0, work_scale=4)
     pool = snap([ep("a"), ep("b")])
     got = inst.score(score_input(pool, picked_since_scrape=[3, 0]), 2)
     np.testing.assert_allclose(got, [4 / 7, 1.0])
     got = inst.score(score_input(pool, in_flight=[0, 5]), 2)
     np.testing.assert_allclose(got, [1.0, 4 / 9])
-
-
-def test_unseen_work_orders_a_tie_on_requests_for_base_model_requests_only(policy):
-    """Issue 30 (zero-hit): two candidates with 2 requests each; b's last one is not on
-    its page yet (picked since the scrape), so a base-model request goes to a. With an
-    adapter, or with unseen_work 0, they tie as before; one request fewer still wins."""
-    inst = policy("load", queue_weight=0, kv_weight=0, work_scale=4)
-    pool = snap([ep("a", running=2), ep("b", running=1)])
-    got = inst.score(score_input(pool, in_flight=[2, 2], picked_since_scrape=[0, 1]), 2)
-    np.testing.assert_allclose(got, [4 / 6, 4 / 6.25])
-    # in flight beyond the page without a pick since the scrape: the engine's front end
-    got = inst.score(score_input(pool, in_flight=[2, 2]), 2)
-    np.testing.assert_allclose(got, [4 / 6, 4 / 6.25])
-    got = inst.score(score_input(pool, in_flight=[2, 2], picked_since_scrape=[0, 1],
-                                 adapter="x"), 2)
-    np.testing.assert_allclose(got, [4 / 6, 4 / 6])
-    off = policy("load", queue_weight=0, kv_weight=0, work_scale=4, unseen_work=0)
-    got = off.score(score_input(pool, in_flight=[2, 2], picked_since_scrape=[0, 1]), 2)
-    np.testing.assert_allclose(got, [4 / 6, 4 / 6])
-    fewer = inst.score(score_input(snap([ep("a", running=3), ep("b")]), in_flight=[3, 1]), 2)
-    assert fewer[1] > fewer[0]
 
 
 def test_assignments_of_the_wrong_length_are_an_error(policy):
