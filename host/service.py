@@ -146,7 +146,11 @@ class TelemetryRecorder:
                                                                     "hooks")]
         # Each stage's observe (a list's append), bound once.
         self._filter, self._score, self._pick, self._hooks = (c.observe for c in self._stages)
-        self._outcomes = {o: telemetry.PICKS.labels(o) for o in telemetry.PICK_OUTCOMES}
+        #: outcome -> add one to ``epick_picks_total{outcome}``.
+        self._outcomes = {o: telemetry.fast_inc(telemetry.PICKS.labels(o))
+                          for o in telemetry.PICK_OUTCOMES}
+        self._total_observe = self._total.observe
+        self._total_waiting = self._total.waiting
         self._policy_latency = telemetry.Children(telemetry.POLICY_SCORE_LATENCY)
         self._policy_observe: dict[str, Callable[[float], None]] = {}
         self._policy_errors = telemetry.Children(telemetry.POLICY_ERRORS)
@@ -154,12 +158,11 @@ class TelemetryRecorder:
         self._shadow_delta = telemetry.Children(telemetry.SHADOW_SCORE_DELTA)
 
     def pick_done(self, outcome: str, seconds: float) -> None:
-        self._outcomes[outcome].inc()
-        total = self._total
-        total.observe(seconds)
+        self._outcomes[outcome]()
+        self._total_observe(seconds)
         # Every other pick-path child fills no faster than the total (one per pick):
         # when it is due, fold them all (a scrape folds them sooner).
-        if total.fold_if_due():
+        if len(self._total_waiting) >= telemetry.FOLD_AT:
             telemetry.fold_loop_histograms()
 
     def stages(self, filter_s: float, score_s: float, pick_s: float, hooks_s: float) -> None:
@@ -299,7 +302,8 @@ class Service:
         if self.kv is not None:
             self.kv.set_endpoints(pc.endpoints)
         self.scheduler = Scheduler(
-            lambda: self.pool.view,
+            # The pool's view, read per pick: getattr from C, no lambda frame.
+            functools.partial(getattr, self.pool, "view"),
             assignments=assignments,
             kv=self.kv.routing if self.kv is not None else None,
             pool_status=self.pool.status,

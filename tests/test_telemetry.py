@@ -187,3 +187,37 @@ def test_children_look_each_label_set_up_once_and_keep_it():
     a.inc()
     assert telemetry.REGISTRY.get_sample_value(
         "epick_policy_errors_total", {"policy": "p-children", "kind": "trap"}) == 1
+
+
+def test_fast_inc_adds_one_to_the_counter_as_inc_does():
+    registry = prometheus_client.CollectorRegistry()
+    counter = prometheus_client.Counter("fast_picks", "doc", ["outcome"], registry=registry)
+    add = telemetry.fast_inc(counter.labels("ok"))
+    for _ in range(3):
+        add()
+    counter.labels("ok").inc()
+    assert registry.get_sample_value("fast_picks_total", {"outcome": "ok"}) == 4
+
+    class Other:  # a child without prometheus_client's value: its own inc is kept
+        def inc(self):
+            pass
+
+    other = Other()
+    assert telemetry.fast_inc(other) == other.inc
+
+
+def test_pick_done_counts_each_outcome_once():
+    from epick.service import TelemetryRecorder
+
+    get = telemetry.REGISTRY.get_sample_value
+    before = {o: get("epick_picks_total", {"outcome": o}) or 0.0
+              for o in telemetry.PICK_OUTCOMES}
+    recorder = TelemetryRecorder()
+    for outcome, n in (("ok", 3), ("shed", 1), ("queue_full", 2)):
+        for _ in range(n):
+            recorder.pick_done(outcome, 1e-5)
+    after = {o: get("epick_picks_total", {"outcome": o}) or 0.0
+             for o in telemetry.PICK_OUTCOMES}
+    assert {o: after[o] - before[o] for o in after} == {
+        "ok": 3, "shed": 1, "queue_full": 2, "unavailable": 0, "invalid": 0, "error": 0,
+        "queue_expired": 0}

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import json.encoder
 import logging
 import socket
 import time
@@ -84,6 +85,8 @@ _SSE = "text/event-stream"
 #: write is how the server learns that a client went away (its subscription is freed).
 SSE_KEEPALIVE_S = 15.0
 _WEIGHTS_PARAMS = ("model", "adapter", "criticality")
+#: A JSON string literal as ``json.dumps`` writes one by default (ASCII, escaped; C).
+_quote = json.encoder.encode_basestring_ascii
 
 
 def _error(code: grpc.StatusCode, message: str, metadata: tuple = (), *,
@@ -108,6 +111,26 @@ def _json(text: str, *, status: int = 200, headers: dict[str, str] | None = None
 def _message_json(msg) -> str:
     # grpcurl's output: lowerCamelCase, fields at their default left out.
     return json_format.MessageToJson(msg, indent=None)
+
+
+def _pick_json(response: picker_pb2.PickResponse) -> str:
+    """:func:`_message_json` of a ``PickResponse``, the same text, without walking the
+    message's descriptors in Python: with no explanation its three fields are written as
+    ``MessageToJson`` writes them (in field order, a field at its default left out,
+    ``json.dumps``' separators and its ASCII escaping, through the same C function).
+    ``tests/api/test_http.py`` compares the two."""
+    if response.HasField("explanation"):
+        return _message_json(response)
+    parts = []
+    endpoint, fallbacks, decision_id = (response.endpoint, response.fallbacks,
+                                        response.decision_id)
+    if endpoint:
+        parts.append('"endpoint": ' + _quote(endpoint))
+    if fallbacks:
+        parts.append('"fallbacks": [' + ", ".join(map(_quote, fallbacks)) + "]")
+    if decision_id:
+        parts.append('"decisionId": ' + _quote(decision_id))
+    return "{" + ", ".join(parts) + "}"
 
 
 async def _result(answer):
@@ -189,7 +212,7 @@ class HttpApi:
         response, error = await _result(self._answer_pick(msg, request.headers))
         if error is not None:
             return _error(*error)
-        return _json(_message_json(response))
+        return _json(_pick_json(response))
 
     async def completion(self, request: web.Request) -> web.Response:
         msg = await self._parse(request, picker_pb2.CompletionReport())

@@ -163,7 +163,10 @@ class PickerService(picker_pb2_grpc.EndpointPickerServicer):
 
     async def Pick(self, request, context):
         if self.decider.flow is None:
-            response, error = self.answer_pick(request, context)
+            verdict = self._decide(request, carrier=context)  # answer_pick, inline
+            if verdict.decision is not None:
+                return to_response(verdict.decision)
+            error = (REFUSALS[verdict.outcome].grpc, verdict.message)
         else:
             response, error = await self.answer_pick_async(
                 request, deadline_s=context.time_remaining(), carrier=context)

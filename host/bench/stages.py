@@ -97,7 +97,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("epick.runtime._guest:GuestFunc.call1", _guest),
     Probe("epick.runtime._guest:GuestFunc.call2", _guest),
     Probe("epick.runtime._guest:GuestFunc.call3", _guest),
-    Probe("epick.scheduler.scheduler:Scheduler._pick", "picker"),
+    Probe("epick.scheduler.pickers:MaxScorePicker.pick", "picker"),
     Probe("epick.scheduler.scheduler:Scheduler._pre_request", "hooks: the stage's own code"),
     Probe("epick.interfaces.cycle:Cycle.pre_request_input",
           "PreRequestEvent encode (msgpack, once a cycle)"),

@@ -13,14 +13,15 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 __all__ = ["DecisionMemory", "Remembered"]
 
 
-@dataclass(slots=True)
-class Remembered:
-    """One decision awaiting its completion report."""
+class Remembered(msgspec.Struct):
+    """One decision awaiting its completion report. (A struct: made once per pick, where
+    a dataclass's ``__init__`` is a Python call.)"""
 
     request_id: str
     model: str

@@ -28,9 +28,9 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
 import numpy as np
 
 from epick import abi
@@ -117,14 +117,16 @@ class _NullRecorder:
         pass
 
 
-@dataclass(slots=True)
-class Decision:
+class Decision(msgspec.Struct):
+    """One pick's answer. (A struct, not a dataclass: made once per pick, and a
+    dataclass's ``__init__`` is a Python call, several times the cost.)"""
+
     decision_id: str
     endpoint: str
     fallbacks: list[str]
     snapshot_version: int
     explanation: list[CandidateScore] | None = None
-    skipped: list[str] = field(default_factory=list)
+    skipped: list[str] = msgspec.field(default_factory=list)
     """``policy: reason`` for each policy that failed on this request."""
 
 
@@ -194,6 +196,9 @@ class Scheduler:
         # (held, so the identity check cannot meet a recycled id).
         self._idle_of: object = None
         self._idle_set: frozenset[int] = frozenset()
+        # The host filters' answers for the last view, per (model, adapter) (_host_kept).
+        self._kept_view: object = None
+        self._kept: dict[tuple[str, str], tuple[int, ...]] = {}
 
     @property
     def decision_ttl_s(self) -> float:
@@ -250,16 +255,21 @@ class Scheduler:
         totals, per_policy = self._score(cycle, policies, candidates, skipped,
                                          keep=explain or sink is not None)
         t_scored = perf()
-        order = self._pick(request, totals)
+        # The picker called straight (Scheduler._pick is the same call, kept for callers).
+        order = self.picker.pick(totals, 1 + self.fallbacks, request.seed)
         if self.work_conserving and not pin and endpoints[candidates[order[0]]].waiting:
-            order = _conserve_work(endpoints, self._idle(endpoints), assignments,
-                                   candidates, totals, order)
-        picked = [candidates[o] for o in order]
-        endpoint = endpoints[picked[0]].address
+            if endpoints is not self._idle_of:
+                self._idle(endpoints)
+            if self._idle_set:  # else no endpoint is idle: the rule has nothing to do
+                order = _conserve_work(endpoints, self._idle_set, assignments, candidates,
+                                       totals, order)
+        endpoint = endpoints[candidates[order[0]]].address
+        fallbacks = [endpoints[candidates[o]].address for o in order[1:]]
         t_picked = perf()
         # Shadows score before the hooks record this pick, so they judge the same state
         # the live policies did.
-        shadow_scores = self._shadow(cycle, policies, candidates, order[0])
+        shadow_scores = (self._shadow(cycle, policies, candidates, order[0])
+                         if policies.shadows else {})
         self._pre_request(cycle, policies, endpoint, skipped)
         self.recorder.stages(t_filtered - t_start, t_scored - t_filtered,
                              t_picked - t_scored, perf() - t_picked)
@@ -267,16 +277,11 @@ class Scheduler:
         decision_id = self.memory.remember(request.request_id, request.model,
                                            request.adapter, endpoint)
         assignments.picked(endpoint)
-        decision = Decision(
-            decision_id=decision_id,
-            endpoint=endpoint,
-            fallbacks=[endpoints[i].address for i in picked[1:]],
-            snapshot_version=view.version,
-            skipped=skipped,
-        )
+        decision = Decision(decision_id, endpoint, fallbacks, view.snapshot.version,
+                            None, skipped)
         if sink is not None:
             sink.decision(decision, cycle, policies, candidates, per_policy, shadow_scores,
-                          picked)
+                          [candidates[o] for o in order])
         if explain:
             decision.explanation = self._explain(cycle, assignments, candidates, totals,
                                                  per_policy, order, why or {}, shadow_scores)
@@ -325,6 +330,26 @@ class Scheduler:
             self._idle_of = endpoints
         return self._idle_set
 
+    def _host_kept(self, cycle: Cycle) -> tuple[int, ...]:
+        """What the host filters keep of every endpoint. Fresh, awake and serves-model read
+        only the snapshot and the request's (model, adapter), so their answer is kept per
+        view and pair (at most :data:`_MAX_HOST_KEPT` pairs a view): a pick runs them once
+        per new snapshot and pair, then finds the answer."""
+        view = cycle.view
+        if view is not self._kept_view:
+            self._kept_view = view
+            self._kept = {}
+        request = cycle.request
+        key = (request.model, request.adapter)
+        kept = self._kept.get(key)
+        if kept is None:
+            kept = tuple(range(len(view.snapshot.endpoints)))
+            for f in self.host_filters:
+                kept = f.filter(cycle, kept)
+            if len(self._kept) < _MAX_HOST_KEPT:
+                self._kept[key] = kept
+        return kept
+
     # -- the stages, in order ------------------------------------------------------------
 
     def _filter(self, cycle: Cycle, policies: PolicySet, why: dict[int, str] | None,
@@ -339,10 +364,12 @@ class Scheduler:
         view, request = cycle.view, cycle.request
         if pin:
             return self._pinned(view, cycle, pin)
-        candidates = tuple(range(len(view.snapshot.endpoints)))
-        for f in self.host_filters:
-            kept = f.filter(cycle, candidates)
-            candidates = kept if why is None else _apply(f.name, kept, candidates, why)
+        if why is None:
+            candidates = self._host_kept(cycle)
+        else:
+            candidates = tuple(range(len(view.snapshot.endpoints)))
+            for f in self.host_filters:
+                candidates = _apply(f.name, f.filter(cycle, candidates), candidates, why)
         if subset is not None:
             candidates = self._in_subset(view, candidates, subset, request, why)
         if not candidates:
@@ -566,6 +593,10 @@ class Scheduler:
                                       completion_tokens, ttft_s)
         return True
 
+
+#: (model, adapter) pairs whose host-filter answer a view keeps (requests name what they
+#: like; memory must not grow with them).
+_MAX_HOST_KEPT = 1024
 
 #: What :meth:`Scheduler._guarded` returns for a plugin call that failed.
 _FAILED = object()

@@ -272,3 +272,24 @@ def test_the_http_headers_are_ext_procs_names():
             http_api.DROPPED_REASON_HEADER) == (ext_proc.DESTINATION_HEADER,
                                                 ext_proc.DECISION_HEADER,
                                                 ext_proc.DROPPED_REASON_HEADER)
+
+
+@pytest.mark.parametrize("endpoint,fallbacks,decision_id,explain", [
+    ("10.0.0.1:8000", ["10.0.0.2:8000", "10.0.0.3:8000"], "ab12cd34-1f", False),
+    ("10.0.0.1:8000", [], "ab12cd34-2", False),                 # no fallbacks: left out
+    ("", [], "", False),                                        # every field at its default
+    ("[::1]:8000", ["h\u00e9te:1", 'q"uo\\te:2', "tab\t\n:3"], "\u2603", False),  # escaped
+    ("10.0.0.1:8000", ["10.0.0.2:8000"], "x-1", True),          # explanation: the slow path
+])
+def test_a_pick_answer_is_the_json_message_to_json_writes(endpoint, fallbacks, decision_id,
+                                                          explain):
+    from google.protobuf import json_format
+
+    from epick.api.http import _pick_json
+
+    response = pb.PickResponse(endpoint=endpoint, fallbacks=fallbacks,
+                               decision_id=decision_id)
+    if explain:
+        response.explanation.snapshot_version = 7
+        response.explanation.candidates.add(endpoint=endpoint, total=0.5, scores={"a": 0.5})
+    assert _pick_json(response) == json_format.MessageToJson(response, indent=None)

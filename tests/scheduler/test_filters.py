@@ -96,3 +96,52 @@ def test_admission_applies_only_to_sheddable_requests(criticality, kept):
     c = cycle(EndpointInfo(), EndpointInfo(), EndpointInfo(), metrics=metrics,
               criticality=criticality)
     assert AdmissionFilter(queue_threshold=5, kv_threshold=0.8).filter(c, ALL) == kept
+
+
+def test_the_schedulers_kept_host_filter_answers_are_the_filters_own():
+    """Scheduler._filter keeps the host filters' answer per view and (model, adapter); over
+    random views (fresh, sleeping, model and adapter lists) and requests it must be what
+    running fresh -> awake -> serves-model on every endpoint gives, view after view."""
+    import random
+
+    from epick.scheduler import scheduler as sched
+    from epick.scheduler.scheduler import Scheduler
+
+    rng = random.Random(29)
+    models, adapters = ["m", "n", "o"], ["", "a", "b", "c"]
+    s = Scheduler(lambda: None)
+    for trial in range(300):
+        n = rng.randint(1, 12)
+        info = [EndpointInfo(
+            fresh=rng.random() < 0.8, sleeping=rng.random() < 0.15,
+            models=None if rng.random() < 0.5 else frozenset(rng.sample(models, 2)),
+            adapters=None if rng.random() < 0.4 else frozenset(rng.sample(adapters[1:], 2)))
+            for _ in range(n)]
+        eps = tuple(abi.EndpointMetrics(address=f"10.0.0.{i}:8000") for i in range(n))
+        view = PoolView.build(abi.Snapshot(version=trial, timestamp_ms=0, endpoints=eps), info)
+        for _ in range(8):  # several picks on one view: the kept answers are reused
+            c = Cycle(view=view, request=abi.Request(model=rng.choice(models),
+                                                     adapter=rng.choice(adapters)))
+            want = tuple(range(n))
+            for f in (FreshFilter(), AwakeFilter(), ServesModelFilter()):
+                want = f.filter(c, want)
+            if not want:
+                with pytest.raises(sched.Unavailable):
+                    s._filter(c, s.policies, None, [], subset=None, pin="")
+                continue
+            assert s._filter(c, s.policies, None, [], subset=None, pin="") == want
+            why: dict[int, str] = {}
+            assert s._filter(c, s.policies, why, [], subset=None, pin="") == want  # explain
+
+
+def test_the_kept_host_filter_answers_are_bounded_per_view(monkeypatch):
+    from epick.scheduler import scheduler as sched
+    from epick.scheduler.scheduler import Scheduler
+
+    monkeypatch.setattr(sched, "_MAX_HOST_KEPT", 5)
+    s = Scheduler(lambda: None)
+    c0 = cycle(EndpointInfo(), EndpointInfo())
+    for k in range(20):
+        c = Cycle(view=c0.view, request=abi.Request(model=f"m{k}"))
+        assert s._filter(c, s.policies, None, [], subset=None, pin="") == (0, 1)
+    assert len(s._kept) == 5
