@@ -125,7 +125,7 @@ static uint32_t epick__container(epick_reader *r, uint8_t fix_lo, uint8_t fix_hi
 static uint32_t epick_read_array(epick_reader *r, const char *what) { return epick__container(r, 0x90, 0x9f, 0xdc, 0xdd, what); }
 static uint32_t epick_read_map(epick_reader *r, const char *what) { return epick__container(r, 0x80, 0x8f, 0xde, 0xdf, what); }
 
-static int epick_read_nil(epick_reader *r) {
+EPICK_OPTIONAL int epick_read_nil(epick_reader *r) {
     if (!r->err && r->p < r->end && *r->p == 0xc0) { r->p++; return 1; }
     return 0;
 }
@@ -287,7 +287,7 @@ typedef struct {
         *prefix_cleared_ms, *uncached_tokens;
 } epick_candidate_values;
 
-static void epick__read_per_candidate(epick_reader *r, int64_t *out, uint32_t n_cands, int64_t empty,
+EPICK_OPTIONAL void epick__read_per_candidate(epick_reader *r, int64_t *out, uint32_t n_cands, int64_t empty,
                                       const char *what) {
     uint32_t m = epick_read_array(r, what);
     if (r->err) return;
