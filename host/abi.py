@@ -27,6 +27,7 @@ __all__ = [
     "FRAME_EMPTY",
     "FRAME_EVENT_FAILED",
     "encode_frame",
+    "pack_candidates",
     "frame_from_score_input",
     "Criticality",
     "CompletionStatus",
@@ -250,13 +251,14 @@ _score_input_decoder = msgspec.msgpack.Decoder(ScoreInput)
 
 
 def encode_frame(request: bytes, snapshot: bytes | None, candidates: tuple[int, ...],
-                 arrays: tuple[tuple[int, ...], ...]) -> bytes:
+                 arrays: tuple[tuple[int, ...], ...], *, packed: bytes | None = None) -> bytes:
     """The frame without an event: ``request`` and ``snapshot`` (``None``: resident) are
     msgpack bytes, ``arrays`` the per-candidate values in :data:`FRAME_ARRAYS` order
-    (each empty or one value per candidate)."""
+    (each empty or one value per candidate); ``packed`` is :func:`pack_candidates` of
+    ``candidates`` when the caller kept it."""
     n = len(candidates)
     present = 0
-    parts = [b"", _pack_u32(candidates, n)]
+    parts = [b"", packed if packed is not None else pack_candidates(candidates)]
     for k, arr in enumerate(arrays):
         if arr:
             if len(arr) != n:
@@ -273,10 +275,10 @@ def encode_frame(request: bytes, snapshot: bytes | None, candidates: tuple[int, 
 _HEAD = struct.Struct("<8I")
 
 
-def _pack_u32(values: tuple[int, ...], n: int) -> bytes:
-    """``values`` as little-endian u32, padded to a multiple of 8 bytes."""
+def pack_candidates(values: tuple[int, ...]) -> bytes:
+    """The frame's candidates: little-endian u32, padded to a multiple of 8 bytes."""
     out = array("I", values)
-    if n & 1:
+    if len(values) & 1:
         out.append(0)
     if _BIG_ENDIAN:  # pragma: no cover - every host we run on is little-endian
         out.byteswap()

@@ -91,6 +91,13 @@ PROBES: tuple[Probe, ...] = (
           _policy("score, plugin (breaker, stats, range checks)")),
     Probe("epick.runtime.instance:PolicyInstance.score_checked",
           _policy("score, input written + scores read back")),
+    Probe("epick.runtime.frame:frame_for", "score frame encode (ABI v2, once a cycle)"),
+    Probe("epick.runtime.instance:PolicyInstance.score_frame",
+          _policy("score, input written + scores read back")),
+    Probe("epick.runtime.instance:PolicyInstance.defer_pre_request",
+          _policy("pre_request, deferred to the next score (ABI v2)")),
+    Probe("epick.runtime.instance:PolicyInstance.flush",
+          _policy("pre_request, flushed by its own call (ABI v2)")),
     Probe("epick.runtime.instance:PolicyInstance.set_snapshot",
           _policy("set_snapshot, host side")),
     Probe("epick.runtime._guest:GuestFunc.call0", _guest),
@@ -354,12 +361,19 @@ def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict
 
     blobs: dict[tuple[str, str], list[tuple]] = collections.defaultdict(list)
     snapshots: list[bytes] = []
-    originals = {name: PolicyInstance.__dict__[name] for name in ("score_checked", "pre_request")}
+    # ABI v1 policies get msgpack (score_checked, pre_request); v2 ones a score frame
+    # (score_frame) and their pre_request events deferred (defer_pre_request).
+    originals = {name: PolicyInstance.__dict__[name] for name in
+                 ("score_checked", "pre_request", "score_frame", "defer_pre_request")}
+    export_of = {"score_checked": "score", "score_frame": "score_frame",
+                 "pre_request": "pre_request", "defer_pre_request": "pre_request"}
+
     score_input = Cycle.__dict__["score_input"]
 
     def keep(name):
         def wrapper(self, blob, *rest):
-            blobs[(self.name, "score" if name == "score_checked" else name)].append((blob, *rest))
+            if name != "pre_request" or not self.pending:  # a flush: counted once
+                blobs[(self.name, export_of[name])].append((blob, *rest))
             return originals[name](self, blob, *rest)
         return wrapper
 
@@ -412,12 +426,16 @@ def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict
                     for args in got:
                         if export == "score":
                             noop.score_checked(*args)
+                        elif export == "score_frame":
+                            noop.score_frame(*args)
                         else:
                             noop.pre_request(*args)
-                    if profile.calls[export]:
-                        passes.append(profile.ns[export] / profile.calls[export] - cost)
+                    row = "pre_request" if export == "pre_request" else "score"
+                    if profile.calls[row]:
+                        passes.append(profile.ns[row] / profile.calls[row] - cost)
                 if passes:
-                    decode[(policy, export)] = min(passes) / 1e3
+                    decode[(policy, "score" if export == "score_frame" else export)] = \
+                        min(passes) / 1e3
         return crossing, decode
     finally:
         noop.close()

@@ -50,6 +50,8 @@ _SOURCES = tuple(ARRAY_SOURCES.values())
 _encode = abi.encoder.encode
 # (cycle, candidates, request bytes, {inline_snapshot: frame}) of the last pick.
 _last: tuple[object, object, bytes, dict[bool, bytes]] = (None, None, b"", {})
+# (candidates tuple, its packed bytes): kept while the tuple lives (it is held here).
+_packed: tuple[object, bytes] = (None, b"")
 
 
 def frame_for(cycle: Cycle, candidates: tuple[int, ...], *, inline_snapshot: bool) -> bytes:
@@ -68,9 +70,13 @@ def frame_for(cycle: Cycle, candidates: tuple[int, ...], *, inline_snapshot: boo
     else:
         request = _encode(cycle.request)
         frames = {}
+    global _packed
+    packed = _packed
+    if packed[0] is not candidates:  # the same tuple pick after pick (the view's fresh set)
+        packed = _packed = (candidates, abi.pack_candidates(candidates))
     frame = abi.encode_frame(
         request, cycle.view.encoded if inline_snapshot else None, candidates,
-        tuple(src(cycle, candidates) for src in _SOURCES))
+        tuple(src(cycle, candidates) for src in _SOURCES), packed=packed[1])
     frames[inline_snapshot] = frame
     _last = (cycle, candidates, request, frames)
     return frame
@@ -78,5 +84,6 @@ def frame_for(cycle: Cycle, candidates: tuple[int, ...], *, inline_snapshot: boo
 
 def forget() -> None:
     """Drop the cached frame (tests; a closed scheduler)."""
-    global _last
+    global _last, _packed
     _last = (None, None, b"", {})
+    _packed = (None, b"")

@@ -45,7 +45,7 @@ from epick import abi
 from epick.interfaces import Capabilities, Cycle
 from epick.runtime.checkpoints import Checkpoints
 from epick.runtime.errors import PolicyError, PolicyOutputError, PolicyTimeout
-from epick.runtime.frame import frame_for
+from epick.runtime import frame as _frames
 from epick.runtime.instance import PolicyInstance
 from epick.runtime.module import PolicyModule
 from epick.runtime.stats import PolicyStats
@@ -199,7 +199,7 @@ class WasmPolicy:
                     self._feed(inst, view)
             if self._v2:
                 scores, in_range = inst.score_frame(
-                    frame_for(cycle, candidates, inline_snapshot=not self._resident), n)
+                    _frames.frame_for(cycle, candidates, inline_snapshot=not self._resident), n)
                 if inst.deferred_failure is not None:
                     self._deferred_failed(inst, t0)
             else:
@@ -342,7 +342,7 @@ class WasmPolicy:
             if view is not self._fed_view or inst is not self._fed_inst:  # a new snapshot, or instance
                 self._feed(inst, view)
         if self._v2:
-            return frame_for(cycle, candidates, inline_snapshot=not self._resident)
+            return _frames.frame_for(cycle, candidates, inline_snapshot=not self._resident)
         return cycle.score_input(candidates, inline_snapshot=not self._resident)
 
     def _score_once(self, cycle: Cycle, candidates: tuple[int, ...], n: int) -> tuple[np.ndarray, bool]:
