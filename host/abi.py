@@ -295,8 +295,8 @@ def _pack_i64(values: tuple[int, ...]) -> bytes:
 def frame_from_score_input(blob: bytes) -> bytes:
     """The v2 frame carrying what the msgpack ``ScoreInput`` ``blob`` does (tools, tests
     and conformance hand v2 modules msgpack; the request path encodes frames directly).
-    A nil snapshot stays nil (resident). Raises ``msgspec.DecodeError`` or ``ValueError``
-    on bytes that are not a ScoreInput."""
+    A nil snapshot stays nil (resident). Raises ``msgspec.DecodeError``, ``ValueError``
+    or ``OverflowError`` (a negative candidate) on bytes that are not a ScoreInput."""
     si = _score_input_decoder.decode(blob)
     snap = None if si.snapshot is None else _request_encoder.encode(si.snapshot)
     return encode_frame(_request_encoder.encode(si.request), snap, si.candidates,

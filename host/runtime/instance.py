@@ -37,6 +37,7 @@ from epick.runtime.errors import (
     PolicyError,
     PolicyLoadError,
     PolicyOutputError,
+    PolicyTimeout,
 )
 from epick.runtime.exports import SIGNATURES
 from epick.runtime.limits import VETTING_BACKSTOP_FACTOR
@@ -318,8 +319,16 @@ class PolicyInstance:
         mv = self._in_mv
         mv[size:end] = event
         mv[_EVENT_AT:_EVENT_AT + 4] = len(event).to_bytes(4, "little")
-        status = carrying.call3(self._in_ptr, end, self._out_ptr)
-        mv[_EVENT_AT:_EVENT_AT + 4] = b"\0\0\0\0"
+        try:
+            status = carrying.call3(self._in_ptr, end, self._out_ptr)
+        except PolicyTimeout:
+            # Cut off by the wall-clock backstop (a busy machine can do that): a caller
+            # that retries on this instance re-sends the event, as it would re-send a
+            # version 1 pre_request. A trap leaves it dropped: the instance is replaced.
+            self._pending = event
+            raise
+        finally:
+            mv[_EVENT_AT:_EVENT_AT + 4] = b"\0\0\0\0"
         if status != abi.FRAME_EVENT_FAILED:
             return status
         message = self._error_message()
@@ -523,7 +532,7 @@ class PolicyInstance:
         """The score frame carrying msgpack ``ScoreInput`` ``blob`` (version 2)."""
         try:
             return abi.frame_from_score_input(blob)
-        except (msgspec.DecodeError, ValueError) as exc:
+        except (msgspec.DecodeError, ValueError, OverflowError) as exc:
             err = PolicyCallError(self.name, export, 0, "")
             PolicyError.__init__(err, self.name, export,
                                  f"{export} not called: the host cannot frame this ScoreInput: {exc}")
