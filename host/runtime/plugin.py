@@ -259,11 +259,18 @@ class WasmPolicy:
             inst = sup.live()
             if self._carries:
                 # ABI v2: the event rides on the next score/filter call (or is flushed by
-                # its own call before anything else reaches the instance); its outcome is
-                # reported then. The checkpoint logic below sees a changed state as before.
+                # its own call before anything else reaches the instance); a failure is
+                # reported then. No guest call here, so nothing to time; the state counts
+                # as changed for the checkpoints, as before.
                 inst.defer_pre_request(blob)
-            else:
-                inst.pre_request(blob)
+                breaker.success()
+                if inst.deferred_failure is not None:  # an older event, flushed
+                    self._deferred_failed(inst, t0)
+                self.checkpoints.changed()
+                if self._checkpoint_on_hooks:
+                    self._maybe_checkpoint()
+                return
+            inst.pre_request(blob)
         except PolicyTimeout as exc:
             self._retry("pre_request", exc, t0, self._hook_once, "pre_request", blob)
         except PolicyError as exc:
