@@ -43,9 +43,9 @@ import numpy as np
 
 from epick import abi
 from epick.interfaces import Capabilities, Cycle
+from epick.runtime import frame as _frames
 from epick.runtime.checkpoints import Checkpoints
 from epick.runtime.errors import PolicyError, PolicyOutputError, PolicyTimeout
-from epick.runtime import frame as _frames
 from epick.runtime.instance import PolicyInstance
 from epick.runtime.module import PolicyModule
 from epick.runtime.stats import PolicyStats

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import concurrent.futures
 import ctypes
 import ctypes.util
+import dataclasses
 import hashlib
 import importlib.metadata
 import math
