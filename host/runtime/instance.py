@@ -55,6 +55,8 @@ MAX_ERROR_BYTES = 256
 
 _U32 = 0xFFFF_FFFF
 _EVENT_AT = abi.FRAME_EVENT_LEN_AT
+_POSITION = re.compile(r"`\$\[(\d+)\]")
+_SCORE_INPUT_FIELDS = abi.ScoreInput.__struct_fields__
 _HOT = frozenset({"score", "filter", "set_snapshot", "pre_request", "post_response"})
 _INITIAL_INPUT = 16 << 10
 _INITIAL_OUTPUT_SLOTS = 512
@@ -533,6 +535,10 @@ class PolicyInstance:
         try:
             return abi.frame_from_score_input(blob)
         except (msgspec.DecodeError, ValueError, OverflowError) as exc:
+            # msgspec says where by position ("at `$[5][0]`"): name the ScoreInput field.
+            text = _POSITION.sub(lambda m: f"`{_SCORE_INPUT_FIELDS[int(m.group(1))]}",
+                                 str(exc)) if isinstance(exc, msgspec.DecodeError) else str(exc)
+            exc = type(exc)(text)
             err = PolicyCallError(self.name, export, 0, "")
             PolicyError.__init__(err, self.name, export,
                                  f"{export} not called: the host cannot frame this ScoreInput: {exc}")
