@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import enum
 import struct
-import sys
-from array import array
 
 import msgspec
 
@@ -277,30 +275,37 @@ _HEAD = struct.Struct("<8I")
 
 def pack_candidates(values: tuple[int, ...]) -> bytes:
     """The frame's candidates: little-endian u32, padded to a multiple of 8 bytes."""
-    out = array("I", values)
-    if len(values) & 1:
-        out.append(0)
-    if _BIG_ENDIAN:  # pragma: no cover - every host we run on is little-endian
-        out.byteswap()
-    return out.tobytes()
+    n = len(values)
+    return _struct(n + (n & 1), "I").pack(*values, *_PAD[: n & 1])
 
 
 def _pack_i64(values: tuple[int, ...]) -> bytes:
-    out = array("q", values)
-    if _BIG_ENDIAN:  # pragma: no cover
-        out.byteswap()
-    return out.tobytes()
+    return _struct(len(values), "q").pack(*values)
+
+
+_PAD = (0,)
+_STRUCTS: dict[tuple[int, str], struct.Struct] = {}
+
+
+def _struct(n: int, code: str) -> struct.Struct:
+    """A cached little-endian ``Struct`` of ``n`` values (``Struct.pack(*ints)`` is ~3×
+    faster than ``array(...).tobytes()`` on a tuple of Python ints)."""
+    got = _STRUCTS.get((n, code))
+    if got is None:
+        if len(_STRUCTS) >= 256:
+            _STRUCTS.clear()
+        got = _STRUCTS[(n, code)] = struct.Struct(f"<{n}{code}")
+    return got
 
 
 def frame_from_score_input(blob: bytes) -> bytes:
     """The v2 frame carrying what the msgpack ``ScoreInput`` ``blob`` does (tools, tests
     and conformance hand v2 modules msgpack; the request path encodes frames directly).
     A nil snapshot stays nil (resident). Raises ``msgspec.DecodeError``, ``ValueError``
-    or ``OverflowError`` (a negative candidate) on bytes that are not a ScoreInput."""
+    or ``struct.error`` (a negative candidate, a value past i64) on bytes that are not a
+    ScoreInput."""
     si = _score_input_decoder.decode(blob)
     snap = None if si.snapshot is None else _request_encoder.encode(si.snapshot)
     return encode_frame(_request_encoder.encode(si.request), snap, si.candidates,
                         tuple(getattr(si, f) for f in FRAME_ARRAYS))
 
-
-_BIG_ENDIAN = sys.byteorder == "big"

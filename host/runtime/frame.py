@@ -43,7 +43,8 @@ ARRAY_SOURCES: dict[str, Callable[[Cycle, tuple[int, ...]], tuple[int, ...]]] = 
     "prefix_cleared_ms": Cycle.kv_cleared,
     "uncached_tokens": Cycle.uncached_tokens,
 }
-if tuple(ARRAY_SOURCES) != abi.FRAME_ARRAYS:  # pragma: no cover - caught by the tests
+if tuple(ARRAY_SOURCES) != abi.FRAME_ARRAYS or len(abi.FRAME_ARRAYS) != 6:  # pragma: no cover
+    # an appended ScoreInput array needs a source here, and a slot in frame_for's fast path
     raise ImportError(f"frame arrays {tuple(ARRAY_SOURCES)} != ScoreInput's {abi.FRAME_ARRAYS}")
 
 _SOURCES = tuple(ARRAY_SOURCES.values())
@@ -74,9 +75,14 @@ def frame_for(cycle: Cycle, candidates: tuple[int, ...], *, inline_snapshot: boo
     packed = _packed
     if packed[0] is not candidates:  # the same tuple pick after pick (the view's fresh set)
         packed = _packed = (candidates, abi.pack_candidates(candidates))
+    if cycle.kv is None:  # KV events off: only the assignment counts (the usual case)
+        in_flight, since = cycle.assigned(candidates)
+        arrays = (in_flight, since, (), (), (), ())
+    else:
+        arrays = tuple(src(cycle, candidates) for src in _SOURCES)
     frame = abi.encode_frame(
-        request, cycle.view.encoded if inline_snapshot else None, candidates,
-        tuple(src(cycle, candidates) for src in _SOURCES), packed=packed[1])
+        request, cycle.view.encoded if inline_snapshot else None, candidates, arrays,
+        packed=packed[1])
     frames[inline_snapshot] = frame
     _last = (cycle, candidates, request, frames)
     return frame

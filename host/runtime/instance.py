@@ -23,6 +23,7 @@ runs all picks on its event-loop thread.
 from __future__ import annotations
 
 import re
+import struct
 import threading
 from typing import Any
 
@@ -534,7 +535,7 @@ class PolicyInstance:
         """The score frame carrying msgpack ``ScoreInput`` ``blob`` (version 2)."""
         try:
             return abi.frame_from_score_input(blob)
-        except (msgspec.DecodeError, ValueError, OverflowError) as exc:
+        except (msgspec.DecodeError, ValueError, OverflowError, struct.error) as exc:
             # msgspec says where by position ("at `$[5][0]`"): name the ScoreInput field.
             text = _POSITION.sub(lambda m: f"`{_SCORE_INPUT_FIELDS[int(m.group(1))]}",
                                  str(exc)) if isinstance(exc, msgspec.DecodeError) else str(exc)
