@@ -67,7 +67,10 @@ def _policy(what: str) -> Callable[[tuple], str]:
 
 
 def _guest(a: tuple) -> str:
-    return f"policy {a[0].policy}: {a[0].export} crossing + guest"
+    # ABI v2: a score carrying the previous pick's pre_request event is the policy's one
+    # crossing of the pick; its row is the score's (the event's work is in the guest's).
+    export = a[0].export.removesuffix(" (carrying pre_request)")
+    return f"policy {a[0].policy}: {export} crossing + guest"
 
 
 #: In pick-path order; a row's place in the table is its first probe's.
