@@ -388,9 +388,19 @@ def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict
             snapshots.append(self.view.encoded)
         return score_input(self, *args, **kwargs)
 
+    from epick.runtime import frame as frames
+    frame_for = frames.frame_for
+
+    def keep_frame_snapshot(cycle, *args, **kwargs):
+        # ABI v2 policies get frames: the same snapshot, taken from the cycle they come from.
+        if not snapshots:
+            snapshots.append(cycle.view.encoded)
+        return frame_for(cycle, *args, **kwargs)
+
     for name in originals:
         setattr(PolicyInstance, name, keep(name))
     Cycle.score_input = keep_snapshot
+    frames.frame_for = keep_frame_snapshot
     try:
         for r in reqs:
             answer(r)
@@ -398,6 +408,7 @@ def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict
         for name, fn in originals.items():
             setattr(PolicyInstance, name, fn)
         Cycle.score_input = score_input
+        frames.frame_for = frame_for
     noop = PolicyInstance(svc.runtime.compile(noop_wasm.read_bytes(), name="noop"), {})
     try:
         if snapshots:
