@@ -53,6 +53,7 @@ _encode = abi.encoder.encode
 _last: tuple[object, object, bytes, dict[bool, bytes]] = (None, None, b"", {})
 # (candidates tuple, its packed bytes): kept while the tuple lives (it is held here).
 _packed: tuple[object, bytes] = (None, b"")
+_by_value: dict[tuple[int, ...], bytes] = {}
 
 
 def frame_for(cycle: Cycle, candidates: tuple[int, ...], *, inline_snapshot: bool) -> bytes:
@@ -73,8 +74,15 @@ def frame_for(cycle: Cycle, candidates: tuple[int, ...], *, inline_snapshot: boo
         frames = {}
     global _packed
     packed = _packed
-    if packed[0] is not candidates:  # the same tuple pick after pick (the view's fresh set)
-        packed = _packed = (candidates, abi.pack_candidates(candidates))
+    if packed[0] is not candidates:
+        # Picks on one pool mostly have the same candidates (a new tuple each time):
+        # hashing it costs a fraction of packing it.
+        got = _by_value.get(candidates)
+        if got is None:
+            if len(_by_value) >= 16:
+                _by_value.clear()
+            got = _by_value[candidates] = abi.pack_candidates(candidates)
+        packed = _packed = (candidates, got)
     if cycle.kv is None:  # KV events off: only the assignment counts (the usual case)
         in_flight, since = cycle.assigned(candidates)
         arrays = (in_flight, since, (), (), (), ())
@@ -93,3 +101,4 @@ def forget() -> None:
     global _last, _packed
     _last = (None, None, b"", {})
     _packed = (None, b"")
+    _by_value.clear()
