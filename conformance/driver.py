@@ -55,11 +55,12 @@ class Driver:
         inline: bool = False,
         use: str | None = None,
         timeout_retries: int = 2,
+        carry: bool = True,
     ) -> None:
         """``encode`` turns payload Structs into bytes; ``inline=True`` never uses
         ``set_snapshot`` (to compare both delivery paths); ``use`` is the export
         :meth:`call` makes (default ``score`` when exported, else ``filter``);
-        ``timeout_retries``: see :meth:`_call`."""
+        ``timeout_retries``: see :meth:`_call`; ``carry``: see ``carry_events``."""
         self.instance = instance
         self.timeout_retries = timeout_retries
         self.timeouts = 0
@@ -72,6 +73,9 @@ class Driver:
         self.can_score = "score" in names
         self.can_filter = "filter" in names
         self.has_pre_request = "pre_request" in names
+        #: A version 2 instance gets its pre_request events carried by the next call, as
+        #: the host delivers them (``carry=False``: each by its own call, version 1's way).
+        self.carry_events = carry and getattr(instance, "abi_version", 1) >= 2
         self.has_post_response = "post_response" in names
         self.use = use or ("score" if self.can_score else "filter")
         self._snapshot: abi.Snapshot | None = None
@@ -86,11 +90,19 @@ class Driver:
         for attempt in range(self.timeout_retries + 1):
             self.calls += 1
             try:
-                return fn(*args)
+                out = fn(*args)
             except PolicyTimeout:
                 self.timeouts += 1
                 if attempt == self.timeout_retries:
                     raise
+                continue
+            # A carried (or flushed) pre_request event that failed raises here, as its
+            # own pre_request call would have (ABI v2).
+            failed = getattr(self.instance, "take_deferred_failure", None)
+            exc = failed() if failed is not None else None
+            if exc is not None:
+                raise exc
+            return out
         raise AssertionError("unreachable")
 
     def snapshot(self, snap: abi.Snapshot) -> None:
@@ -153,7 +165,13 @@ class Driver:
     def pre_request(self, event: abi.PreRequestEvent) -> None:
         """Deliver ``event`` — unless the policy does not export ``pre_request`` (the host
         would not call it either)."""
-        if self.has_pre_request:
+        if not self.has_pre_request:
+            return
+        if self.carry_events:
+            # ABI v2, as the host does it: the event rides on the next score/filter call
+            # (or is delivered first by any other call).
+            self.instance.defer_pre_request(self._encode(event))
+        else:
             self._call(self.instance.pre_request, self._encode(event))
 
     def post_response(self, event: abi.PostResponseEvent) -> None:

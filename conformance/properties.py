@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import struct
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -291,6 +292,35 @@ def _bad_inputs(valid: bytes) -> Iterable[tuple[str, bytes]]:
     yield "the valid input with its array header changed", bytes(flipped)
 
 
+def _bad_frames(valid: bytes) -> Iterable[tuple[str, bytes]]:
+    """Broken ABI v2 score frames derived from ``valid`` (8 candidates, inline snapshot)."""
+    def patched(word: int, value: int) -> bytes:
+        out = bytearray(valid)
+        struct.pack_into("<I", out, 4 * word, value)
+        return bytes(out)
+
+    yield "an empty frame", b""
+    yield "a header cut short", valid[:20]
+    for cut in sorted({40, len(valid) // 2, len(valid) - 1}):
+        yield f"the valid frame cut to {cut} of {len(valid)} bytes", valid[:cut]
+    yield "the valid frame with a garbage byte appended", valid + b"\xc1"
+    yield "a candidate count past the end", patched(0, 1 << 30)
+    yield "present bits beyond its arrays", patched(2, 1 << 20)
+    yield "more arrays than 32", patched(1, 33)
+    yield "a request longer than the frame", patched(3, 1 << 20)
+    yield "a snapshot length one byte too long", patched(4, struct.unpack_from("<I", valid, 16)[0] + 1)
+    out = bytearray(valid)
+    struct.pack_into("<I", out, 32, 8)  # candidate 0 = 8, of 8 endpoints
+    yield "a candidate index out of range", bytes(out)
+    out = bytearray(valid)
+    start = len(valid) - struct.unpack_from("<I", valid, 16)[0] - struct.unpack_from("<I", valid, 12)[0]
+    out[start] = 0xc1  # the request's first byte
+    yield "a request that is not msgpack", bytes(out)
+    rng = random.Random(7)
+    for i in range(3):
+        yield f"random bytes #{i}", bytes(rng.randrange(256) for _ in range(32 + 40 * i))
+
+
 def _retry_timeouts(fn: Callable[[], object], retries: int) -> object:
     """``fn()``, retried when it hits the deadline, as :meth:`Driver._call` does: on a busy
     machine a clean refusal can be descheduled past a 1 ms budget."""
@@ -324,6 +354,13 @@ def bad_input_is_an_error(p: Probe) -> CaseResult:
         cases.append((f"{call}: {label}", lambda blob=blob, n=len(cands): run(blob, n)))
     blob = encode([snap, req, ["x"]])
     cases.append((f"{call}: a string candidate", lambda blob=blob: run(blob, 1)))
+    if getattr(inst, "abi_version", 1) >= 2:
+        # Version 2 reads a score frame: the same garbage, and broken frames, reach the
+        # guest itself (the msgpack above is refused by the host before it is framed).
+        framed = getattr(inst, f"{call}_frame")
+        for label, blob in _bad_frames(abi.frame_from_score_input(score_input)):
+            cases.append((f"{call} frame: {label}",
+                          lambda blob=blob: framed(blob, 8)))
     blob = encode([snap, "not a request", [0]])
     cases.append((f"{call}: a string request", lambda blob=blob: run(blob, 1)))
     hooks = [
@@ -564,6 +601,32 @@ def loads_like_the_host(p: Probe) -> CaseResult:
                    "passes", t0)
 
 
+def carried_events_like_their_own_calls(p: Probe) -> CaseResult:
+    """ABI v2: a pre_request event carried by the next score/filter call leaves the
+    policy as its own call does (the standard script both ways: same outputs, same
+    state)."""
+    t0 = time.perf_counter()
+    name, expected = "carried-events-like-their-own-calls", "the same outputs and state"
+    d = p.driver()
+    if getattr(d.instance, "abi_version", 1) < 2 or not d.has_pre_request:
+        return _result(name, True, expected, "n/a",
+                       "not applicable: a version 1 module, or no pre_request", t0)
+    own = p.driver(carry=False)
+    a, b = p.script(own), p.script(d)
+    at = _same(a, b)
+    if at is not None:
+        return _result(name, False, expected, f"call {at} differs",
+                       f"call {at} of the script gives {render(b[at])} with carried events, "
+                       f"{render(a[at])} with each event its own call", t0)
+    if own.instance.has("export_state") and own.instance.export_state() != d.instance.export_state():
+        return _result(name, False, expected, "state differs",
+                       "export_state after the script differs between carried events and "
+                       "each event its own call", t0)
+    return _result(name, True, expected, "same",
+                   f"{len(a)} outputs and the exported state equal with carried events and "
+                   "with each event its own call", t0)
+
+
 PROPERTIES: tuple[Callable[[Probe], CaseResult], ...] = (
     loads_like_the_host,
     one_result_per_candidate,
@@ -576,6 +639,7 @@ PROPERTIES: tuple[Callable[[Probe], CaseResult], ...] = (
     time_budget,
     memory_stable,
     reinit_resets_state,
+    carried_events_like_their_own_calls,
 )
 
 

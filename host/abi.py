@@ -13,11 +13,20 @@ keep-masks, ``describe`` and exported state.
 from __future__ import annotations
 
 import enum
+import struct
 
 import msgspec
 
 __all__ = [
     "ABI_VERSION",
+    "ABI_VERSIONS",
+    "FRAME_ARRAYS",
+    "FRAME_HEADER",
+    "FRAME_EMPTY",
+    "FRAME_EVENT_FAILED",
+    "encode_frame",
+    "pack_candidates",
+    "frame_from_score_input",
     "Criticality",
     "CompletionStatus",
     "EndpointMetrics",
@@ -30,9 +39,13 @@ __all__ = [
     "encoder",
 ]
 
-#: The one ABI version this host speaks; a module whose ``epick_abi_version()`` returns
-#: anything else is refused.
-ABI_VERSION = 1
+#: The newest ABI version this host speaks (what the SDKs build).
+ABI_VERSION = 2
+
+#: Every ABI version this host speaks; a module whose ``epick_abi_version()`` returns
+#: anything else is refused. Version 1 modules get msgpack ``ScoreInput``s and one
+#: ``pre_request`` call per pick; version 2 modules get a flat frame (below).
+ABI_VERSIONS = (1, 2)
 
 #: Version of the :class:`Snapshot` layout (its first element).
 SNAPSHOT_SCHEMA = 1
@@ -196,3 +209,103 @@ class Describe(msgspec.Struct, frozen=True, kw_only=True):
 
 
 encoder = msgspec.msgpack.Encoder()
+
+
+# -- ABI v2: the flat score frame ------------------------------------------------------------
+#
+# A version 2 module's ``score``/``filter`` input (policies/ABI.md, "The score frame"):
+# a header of FRAME_HEADER_WORDS little-endian u32s, the candidates as u32 (padded to 8
+# bytes), each per-candidate array the host sends as little-endian i64 (FRAME_ARRAYS, in
+# ScoreInput's order: appended ScoreInput fields carry over), then the msgpack Request, the
+# msgpack Snapshot (absent when resident) and a msgpack PreRequestEvent the policy must
+# apply before scoring (absent when none is pending). Fixed-width parts start 8-aligned.
+
+#: The per-candidate arrays after ``candidates``: ScoreInput's fields from there on.
+FRAME_ARRAYS: tuple[str, ...] = ScoreInput.__struct_fields__[
+    ScoreInput.__struct_fields__.index("candidates") + 1:]
+
+#: What each array means when the host sends it empty (policies/ABI.md, ScoreInput).
+FRAME_EMPTY: dict[str, int] = {
+    "in_flight": 0, "picked_since_scrape": 0, "prefix_blocks": -1, "prefix_matched": -1,
+    "prefix_cleared_ms": 0, "uncached_tokens": -1,
+}
+
+#: The header's u32 words, in order.
+FRAME_HEADER: tuple[str, ...] = (
+    "candidates", "arrays", "present", "request_len", "snapshot_len", "event_len",
+    "reserved0", "reserved1",
+)
+FRAME_HEADER_BYTES = 4 * len(FRAME_HEADER)
+#: Byte offset of ``event_len`` in the header (the host sets it per policy).
+FRAME_EVENT_LEN_AT = 4 * FRAME_HEADER.index("event_len")
+
+#: Status a v2 ``score``/``filter`` returns when the PreRequestEvent the frame carried
+#: failed (its message is that failure's; nothing was scored): the host reports a
+#: ``pre_request`` failure and calls again without the event.
+FRAME_EVENT_FAILED = 2
+
+_request_encoder = msgspec.msgpack.Encoder()
+_score_input_decoder = msgspec.msgpack.Decoder(ScoreInput)
+
+
+def encode_frame(request: bytes, snapshot: bytes | None, candidates: tuple[int, ...],
+                 arrays: tuple[tuple[int, ...], ...], *, packed: bytes | None = None) -> bytes:
+    """The frame without an event: ``request`` and ``snapshot`` (``None``: resident) are
+    msgpack bytes, ``arrays`` the per-candidate values in :data:`FRAME_ARRAYS` order
+    (each empty or one value per candidate); ``packed`` is :func:`pack_candidates` of
+    ``candidates`` when the caller kept it."""
+    n = len(candidates)
+    present = 0
+    parts = [b"", packed if packed is not None else pack_candidates(candidates)]
+    for k, arr in enumerate(arrays):
+        if arr:
+            if len(arr) != n:
+                raise ValueError(f"{FRAME_ARRAYS[k]} has {len(arr)} values for {n} candidates")
+            present |= 1 << k
+            parts.append(_pack_i64(arr))
+    snap = snapshot or b""
+    parts[0] = _HEAD.pack(n, len(arrays), present, len(request), len(snap), 0, 0, 0)
+    parts.append(request)
+    parts.append(snap)
+    return b"".join(parts)
+
+
+_HEAD = struct.Struct("<8I")
+
+
+def pack_candidates(values: tuple[int, ...]) -> bytes:
+    """The frame's candidates: little-endian u32, padded to a multiple of 8 bytes."""
+    n = len(values)
+    return _struct(n + (n & 1), "I").pack(*values, *_PAD[: n & 1])
+
+
+def _pack_i64(values: tuple[int, ...]) -> bytes:
+    return _struct(len(values), "q").pack(*values)
+
+
+_PAD = (0,)
+_STRUCTS: dict[tuple[int, str], struct.Struct] = {}
+
+
+def _struct(n: int, code: str) -> struct.Struct:
+    """A cached little-endian ``Struct`` of ``n`` values (``Struct.pack(*ints)`` is ~3×
+    faster than ``array(...).tobytes()`` on a tuple of Python ints)."""
+    got = _STRUCTS.get((n, code))
+    if got is None:
+        if len(_STRUCTS) >= 256:
+            _STRUCTS.clear()
+        got = _STRUCTS[(n, code)] = struct.Struct(f"<{n}{code}")
+    return got
+
+
+def frame_from_score_input(blob: bytes) -> bytes:
+    """The v2 frame carrying what the msgpack ``ScoreInput`` ``blob`` does (tools, tests
+    and conformance hand v2 modules msgpack; the request path encodes frames directly).
+    A nil snapshot stays nil (resident). Raises ``msgspec.DecodeError``, ``ValueError``
+    or ``struct.error`` (a negative candidate, a value past i64) on bytes that are not a
+    ScoreInput."""
+    si = _score_input_decoder.decode(blob)
+    snap = None if si.snapshot is None else _request_encoder.encode(si.snapshot)
+    return encode_frame(_request_encoder.encode(si.request), snap, si.candidates,
+                        tuple(getattr(si, f) for f in FRAME_ARRAYS))
+

@@ -49,3 +49,48 @@ def test_describe_is_a_map_with_the_documented_keys():
 
 def test_abi_version_is_documented():
     assert f"returns `{abi.ABI_VERSION}`" in ABI_MD
+
+
+def _table_rows(section: str) -> list[list[str]]:
+    """The rows of the first table after ``section``'s first line that contains a '#'
+    header, each as its cells (stripped, backticks removed)."""
+    text = ABI_MD.split(section, 1)[1]
+    rows = []
+    started = False
+    for line in text.splitlines():
+        if line.startswith("| #"):
+            started = True
+            continue
+        if started:
+            if not line.startswith("|"):
+                break
+            if line.startswith("|---"):
+                continue
+            rows.append([c.strip().strip("`") for c in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_score_frame_header_is_documented_word_by_word():
+    rows = _table_rows("Header words:")
+    assert [(int(r[0]), r[1]) for r in rows] == list(enumerate(abi.FRAME_HEADER))
+    assert abi.FRAME_HEADER_BYTES == 32 and "| 0–31 | header: 8 `u32` words" in ABI_MD
+
+
+def test_the_score_frame_arrays_are_score_inputs_and_documented_in_order():
+    section = ABI_MD.split("Per-candidate arrays, in this order", 1)[1]
+    listed = re.search(r"`\[([^\]]*)\]`", section).group(1)
+    assert [f.strip() for f in listed.split(",")] == list(abi.FRAME_ARRAYS)
+    rows = _table_rows("Per-candidate arrays, in this order")
+    assert [(int(r[0]), r[1]) for r in rows] == list(enumerate(abi.FRAME_ARRAYS))
+    for row in rows:
+        assert row[2].split()[0] == str(abi.FRAME_EMPTY[row[1]])
+
+
+def test_the_carried_event_status_is_documented():
+    assert f"the call returns **`{abi.FRAME_EVENT_FAILED}`**" in ABI_MD
+
+
+def test_every_abi_version_is_documented():
+    assert abi.ABI_VERSIONS == (1, 2)
+    for v in abi.ABI_VERSIONS:
+        assert f"**Version {v}**" in ABI_MD

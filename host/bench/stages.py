@@ -67,7 +67,10 @@ def _policy(what: str) -> Callable[[tuple], str]:
 
 
 def _guest(a: tuple) -> str:
-    return f"policy {a[0].policy}: {a[0].export} crossing + guest"
+    # ABI v2: a score carrying the previous pick's pre_request event is the policy's one
+    # crossing of the pick; its row is the score's (the event's work is in the guest's).
+    export = a[0].export.removesuffix(" (carrying pre_request)")
+    return f"policy {a[0].policy}: {export} crossing + guest"
 
 
 #: In pick-path order; a row's place in the table is its first probe's.
@@ -91,6 +94,13 @@ PROBES: tuple[Probe, ...] = (
           _policy("score, plugin (breaker, stats, range checks)")),
     Probe("epick.runtime.instance:PolicyInstance.score_checked",
           _policy("score, input written + scores read back")),
+    Probe("epick.runtime.frame:frame_for", "score frame encode (ABI v2, once a cycle)"),
+    Probe("epick.runtime.instance:PolicyInstance.score_frame",
+          _policy("score, input written + scores read back")),
+    Probe("epick.runtime.instance:PolicyInstance.defer_pre_request",
+          _policy("pre_request, deferred to the next score (ABI v2)")),
+    Probe("epick.runtime.instance:PolicyInstance.flush",
+          _policy("pre_request, flushed by its own call (ABI v2)")),
     Probe("epick.runtime.instance:PolicyInstance.set_snapshot",
           _policy("set_snapshot, host side")),
     Probe("epick.runtime._guest:GuestFunc.call0", _guest),
@@ -354,12 +364,19 @@ def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict
 
     blobs: dict[tuple[str, str], list[tuple]] = collections.defaultdict(list)
     snapshots: list[bytes] = []
-    originals = {name: PolicyInstance.__dict__[name] for name in ("score_checked", "pre_request")}
+    # ABI v1 policies get msgpack (score_checked, pre_request); v2 ones a score frame
+    # (score_frame) and their pre_request events deferred (defer_pre_request).
+    originals = {name: PolicyInstance.__dict__[name] for name in
+                 ("score_checked", "pre_request", "score_frame", "defer_pre_request")}
+    export_of = {"score_checked": "score", "score_frame": "score_frame",
+                 "pre_request": "pre_request", "defer_pre_request": "pre_request"}
+
     score_input = Cycle.__dict__["score_input"]
 
     def keep(name):
         def wrapper(self, blob, *rest):
-            blobs[(self.name, "score" if name == "score_checked" else name)].append((blob, *rest))
+            if name != "pre_request" or not self.pending:  # a flush: counted once
+                blobs[(self.name, export_of[name])].append((blob, *rest))
             return originals[name](self, blob, *rest)
         return wrapper
 
@@ -371,9 +388,19 @@ def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict
             snapshots.append(self.view.encoded)
         return score_input(self, *args, **kwargs)
 
+    from epick.runtime import frame as frames
+    frame_for = frames.frame_for
+
+    def keep_frame_snapshot(cycle, *args, **kwargs):
+        # ABI v2 policies get frames: the same snapshot, taken from the cycle they come from.
+        if not snapshots:
+            snapshots.append(cycle.view.encoded)
+        return frame_for(cycle, *args, **kwargs)
+
     for name in originals:
         setattr(PolicyInstance, name, keep(name))
     Cycle.score_input = keep_snapshot
+    frames.frame_for = keep_frame_snapshot
     try:
         for r in reqs:
             answer(r)
@@ -381,6 +408,7 @@ def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict
         for name, fn in originals.items():
             setattr(PolicyInstance, name, fn)
         Cycle.score_input = score_input
+        frames.frame_for = frame_for
     noop = PolicyInstance(svc.runtime.compile(noop_wasm.read_bytes(), name="noop"), {})
     try:
         if snapshots:
@@ -412,12 +440,16 @@ def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict
                     for args in got:
                         if export == "score":
                             noop.score_checked(*args)
+                        elif export == "score_frame":
+                            noop.score_frame(*args)
                         else:
                             noop.pre_request(*args)
-                    if profile.calls[export]:
-                        passes.append(profile.ns[export] / profile.calls[export] - cost)
+                    row = "pre_request" if export == "pre_request" else "score"
+                    if profile.calls[row]:
+                        passes.append(profile.ns[row] / profile.calls[row] - cost)
                 if passes:
-                    decode[(policy, export)] = min(passes) / 1e3
+                    decode[(policy, "score" if export == "score_frame" else export)] = \
+                        min(passes) / 1e3
         return crossing, decode
     finally:
         noop.close()

@@ -23,6 +23,7 @@ runs all picks on its event-loop thread.
 from __future__ import annotations
 
 import re
+import struct
 import threading
 from typing import Any
 
@@ -37,6 +38,7 @@ from epick.runtime.errors import (
     PolicyError,
     PolicyLoadError,
     PolicyOutputError,
+    PolicyTimeout,
 )
 from epick.runtime.exports import SIGNATURES
 from epick.runtime.limits import VETTING_BACKSTOP_FACTOR
@@ -53,6 +55,9 @@ _SENTINEL_INT = int(SCORE_SENTINEL)
 MAX_ERROR_BYTES = 256
 
 _U32 = 0xFFFF_FFFF
+_EVENT_AT = abi.FRAME_EVENT_LEN_AT
+_POSITION = re.compile(r"`\$\[(\d+)\]")
+_SCORE_INPUT_FIELDS = abi.ScoreInput.__struct_fields__
 _HOT = frozenset({"score", "filter", "set_snapshot", "pre_request", "post_response"})
 _INITIAL_INPUT = 16 << 10
 _INITIAL_OUTPUT_SLOTS = 512
@@ -137,6 +142,26 @@ class PolicyInstance:
                     on_trap=self._trap_context,
                 )
         self._funcs = funcs
+        #: 1 or 2 (policies/ABI.md): version 2 takes score frames and carried events.
+        self.abi_version: int = getattr(module, "abi_version", 1)
+        self._v2 = self.abi_version >= 2
+        #: A version 2 instance's pre_request event not delivered yet: it rides on the next
+        #: score/filter call, or is flushed by its own call before anything else.
+        self._pending: bytes | None = None
+        #: The last carried event's failure, for the owner to report as pre_request's.
+        self.deferred_failure: PolicyError | None = None
+        self._score_ev = self._filter_ev = None
+        if self._v2 and "pre_request" in funcs:
+            # The call carrying an event gets both calls' budgets.
+            for export in ("score", "filter"):
+                if export in funcs:
+                    setattr(self, f"_{export}_ev", GuestFunc(
+                        store, exported[export], 3,  # type: ignore[arg-type]
+                        policy=self.name, export=f"{export} (carrying pre_request)",
+                        budget_ms=2 * funcs[export].budget_ms,
+                        ticks=rt.ticks_for(2 * funcs[export].budget_ms),
+                        fuel=2 * funcs[export].fuel, on_trap=self._trap_context,
+                    ))
         self._score = funcs.get("score")
         self._filter = funcs.get("filter")
         self._set_snapshot = funcs.get("set_snapshot")
@@ -190,6 +215,8 @@ class PolicyInstance:
         One pass answers both that and the count check, so callers that judge scores
         (``WasmPolicy``) need not scan them again.
         """
+        if self._v2:
+            return self.score_frame(self._frame_of(blob, "score"), n)
         func = self._score
         if func is None:
             raise self._missing("score")
@@ -235,11 +262,101 @@ class PolicyInstance:
             )
         return scores, False
 
+    def score_frame(self, frame: bytes, n: int) -> tuple[np.ndarray, bool]:
+        """:meth:`score_checked` of a version 2 instance on a score frame (made once per
+        pick by :func:`epick.abi.encode_frame`); the pending pre_request event, if any,
+        rides along (policies/ABI.md, "The score frame")."""
+        func = self._score
+        if func is None:
+            raise self._missing("score")
+        lock = self._lock
+        if not lock.acquire(False):
+            raise self._busy()
+        try:
+            if not self._ticking.running:
+                self._check_ticker()
+            size = len(frame)
+            pending = self._pending
+            if size + (len(pending) if pending is not None else 0) > self._in_cap:
+                self._grow_input(size + (len(pending) if pending is not None else 0))
+            self._in_mv[:size] = frame
+            if n >= self._out_slots:
+                self._grow_output(n + 1)
+            end = 8 * (n + 1)
+            self._out_mv[:end] = self._sentinels[:end]
+            if self._pending is None:
+                status = func.call3(self._in_ptr, size, self._out_ptr)
+            else:
+                status = self._call_carrying(self._score_ev, func, size, "score")
+            if status:
+                raise PolicyCallError(self.name, "score", status, self._error_message())
+            q = self._out_q
+            if q[n] != _SENTINEL_INT:
+                raise PolicyOutputError(
+                    self.name, "score", f"score wrote more than the {n} scores asked for"
+                )
+            top = q[self._out_u64[:n].argmax()] if n else 0
+            scores = self._out_f64[:n].copy()
+        finally:
+            lock.release()
+        if top <= _ONE_BITS:
+            return scores, True
+        written = scores.view(np.uint64) != SCORE_SENTINEL
+        if not written.all():
+            raise PolicyOutputError(
+                self.name, "score",
+                f"score wrote {int(written.sum())} of {n} scores "
+                f"(first missing: candidate {int(np.argmin(written))})",
+            )
+        return scores, False
+
+    def _call_carrying(self, carrying: GuestFunc | None, plain: GuestFunc, size: int,
+                       export: str) -> int:
+        """Call ``score``/``filter`` on the frame at the input buffer (``size`` bytes) with
+        the pending event appended; an event that fails (status FRAME_EVENT_FAILED) is
+        kept in :attr:`deferred_failure` and the call made again without it. The lock
+        is held by the caller."""
+        event, self._pending = self._pending, None
+        assert event is not None and carrying is not None
+        end = size + len(event)  # the caller made room for it
+        mv = self._in_mv
+        mv[size:end] = event
+        mv[_EVENT_AT:_EVENT_AT + 4] = len(event).to_bytes(4, "little")
+        try:
+            status = carrying.call3(self._in_ptr, end, self._out_ptr)
+        except PolicyTimeout:
+            # Cut off by the wall-clock backstop (a busy machine can do that): a caller
+            # that retries on this instance re-sends the event, as it would re-send a
+            # version 1 pre_request. A trap leaves it dropped: the instance is replaced.
+            self._pending = event
+            raise
+        finally:
+            mv[_EVENT_AT:_EVENT_AT + 4] = b"\0\0\0\0"
+        if status != abi.FRAME_EVENT_FAILED:
+            return status
+        message = self._error_message()
+        failure = PolicyCallError(self.name, "pre_request", status, message)
+        PolicyError.__init__(failure, self.name, "pre_request",
+                             f"pre_request (carried by {export}) failed: {message}")
+        self.deferred_failure = failure
+        return plain.call3(self._in_ptr, size, self._out_ptr)
+
     def filter(self, blob: bytes, n: int) -> np.ndarray:
         """Run ``filter``; returns a bool keep-mask of length ``n`` (a copy).
 
         Raises like :meth:`score`; PolicyOutputError also for a keep byte other than 0/1.
+        A version 2 instance gets ``blob`` as a frame (:func:`epick.abi.frame_from_score_input`).
         """
+        if self._v2:
+            return self.filter_frame(self._frame_of(blob, "filter"), n)
+        return self._filter_call(blob, n)
+
+    def filter_frame(self, frame: bytes, n: int) -> np.ndarray:
+        """:meth:`filter` of a version 2 instance on a score frame (carrying the pending
+        pre_request event, if any)."""
+        return self._filter_call(frame, n, framed=True)
+
+    def _filter_call(self, blob: bytes, n: int, framed: bool = False) -> np.ndarray:
         func = self._filter
         if func is None:
             raise self._missing("filter")
@@ -247,12 +364,17 @@ class PolicyInstance:
             raise self._busy()
         try:
             self._check_ticker()
+            if framed and self._pending is not None and len(blob) + len(self._pending) > self._in_cap:
+                self._grow_input(len(blob) + len(self._pending))
             size = self._put_input(blob)
             if n >= self._out_slots:
                 self._grow_output(n + 1)
             keep = self._out_u8
             keep[: n + 1] = _KEEP_SENTINEL
-            status = func.call3(self._in_ptr, size, self._out_ptr)
+            if framed and self._pending is not None:
+                status = self._call_carrying(self._filter_ev, func, size, "filter")
+            else:
+                status = func.call3(self._in_ptr, size, self._out_ptr)
             if status:
                 raise PolicyCallError(self.name, "filter", status, self._error_message())
             if keep[n] != _KEEP_SENTINEL:
@@ -282,8 +404,10 @@ class PolicyInstance:
         self._call_blob(self._set_snapshot, "set_snapshot", blob)
 
     def pre_request(self, blob: bytes) -> None:
-        """Deliver a msgpack ``PreRequestEvent``."""
-        # _call_blob inlined: every pick runs this once per hooked policy.
+        """Deliver a msgpack ``PreRequestEvent`` now (after a pending one)."""
+        if self._pending is not None:
+            self.flush()
+        # _call_blob inlined: every pick of a version 1 policy runs this once.
         func = self._pre_request
         if func is None:
             raise self._missing("pre_request")
@@ -302,6 +426,39 @@ class PolicyInstance:
                 raise PolicyCallError(self.name, "pre_request", status, self._error_message())
         finally:
             lock.release()
+
+    def defer_pre_request(self, blob: bytes) -> None:
+        """Version 2: keep the ``PreRequestEvent`` for the next ``score``/``filter`` call
+        (one crossing per decision). Any other call delivers it first (:meth:`flush`), so
+        the policy sees the calls in version 1's order."""
+        if not self._v2 or self._pre_request is None:
+            self.pre_request(blob)
+            return
+        if self._pending is not None:
+            self.flush()
+        self._pending = blob
+
+    @property
+    def pending(self) -> bool:
+        """A pre_request event waits for the next score/filter call."""
+        return self._pending is not None
+
+    def flush(self) -> None:
+        """Deliver the pending pre_request event with its own call. A non-zero return is
+        kept in :attr:`deferred_failure` (the event was the earlier decision's); a trap
+        or timeout raises, as the call it precedes would have."""
+        event, self._pending = self._pending, None
+        if event is None:
+            return
+        try:
+            self._call_blob(self._pre_request, "pre_request", event)
+        except PolicyCallError as exc:
+            self.deferred_failure = exc
+
+    def take_deferred_failure(self) -> PolicyError | None:
+        """The last carried or flushed event's failure (then forgotten), or ``None``."""
+        exc, self.deferred_failure = self.deferred_failure, None
+        return exc
 
     def post_response(self, blob: bytes) -> None:
         """Deliver a msgpack ``PostResponseEvent``."""
@@ -361,6 +518,8 @@ class PolicyInstance:
         self._funcs = {}
         self._score = self._filter = self._set_snapshot = None
         self._pre_request = self._post_response = None
+        self._score_ev = self._filter_ev = None
+        self._pending = None
         self._in_mv = memoryview(b"")
         self._out_q = memoryview(b"").cast("Q")
         self._out_f64 = self._out_u64 = np.empty(0)
@@ -371,6 +530,21 @@ class PolicyInstance:
         self._store = None  # type: ignore[assignment]
 
     # -- internals ----------------------------------------------------------------------
+
+    def _frame_of(self, blob: bytes, export: str) -> bytes:
+        """The score frame carrying msgpack ``ScoreInput`` ``blob`` (version 2)."""
+        try:
+            return abi.frame_from_score_input(blob)
+        except (msgspec.DecodeError, ValueError, OverflowError, struct.error) as exc:
+            # msgspec says where by position ("at `$[5][0]`"): name the ScoreInput field.
+            text = _POSITION.sub(lambda m: f"`{_SCORE_INPUT_FIELDS[int(m.group(1))]}",
+                                 str(exc)) if isinstance(exc, msgspec.DecodeError) else str(exc)
+            exc = type(exc)(text)
+            err = PolicyCallError(self.name, export, 0, "")
+            PolicyError.__init__(err, self.name, export,
+                                 f"{export} not called: the host cannot frame this ScoreInput: {exc}")
+            err.message = str(exc)
+            raise err from exc
 
     def _put_input(self, blob: bytes) -> int:
         """Copy ``blob`` into the guest's input buffer (grown first if too small)."""
@@ -383,6 +557,8 @@ class PolicyInstance:
     def _call_blob(self, func: GuestFunc | None, export: str, blob: bytes) -> None:
         if func is None:
             raise self._missing(export)
+        if self._pending is not None and export != "pre_request":
+            self.flush()
         lock = self._lock
         if not lock.acquire(False):
             raise self._busy()
@@ -401,6 +577,8 @@ class PolicyInstance:
 
     def _produce(self, export: str) -> bytes:
         """Call a ``() -> status`` export that leaves bytes at output_ptr/output_len."""
+        if self._pending is not None:
+            self.flush()
         if not self._lock.acquire(False):
             raise self._busy()
         try:

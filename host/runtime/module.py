@@ -38,6 +38,10 @@ class PolicyModule:
     """Instances are judged on fuel alone: every call's wall-clock backstop is
     ``VETTING_BACKSTOP_FACTOR`` budgets (see :meth:`for_vetting`)."""
     _cached: bool = field(default=False, repr=False)
+    abi_version: int = 1
+    """What its ``epick_abi_version`` returned (one of :data:`epick.abi.ABI_VERSIONS`):
+    version 2 instances take flat score frames and carry ``pre_request`` events with the
+    next ``score``/``filter`` (policies/ABI.md)."""
 
     def instantiate(self, params: dict[str, Any] | None = None) -> PolicyInstance:
         """A new Store and instance, ``init``-ed with ``params`` (``{}`` when ``None``)."""

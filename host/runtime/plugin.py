@@ -43,12 +43,13 @@ import numpy as np
 
 from epick import abi
 from epick.interfaces import Capabilities, Cycle
+from epick.runtime import frame as _frames
 from epick.runtime.checkpoints import Checkpoints
 from epick.runtime.errors import PolicyError, PolicyOutputError, PolicyTimeout
 from epick.runtime.instance import PolicyInstance
 from epick.runtime.module import PolicyModule
 from epick.runtime.stats import PolicyStats
-from epick.runtime.supervisor import Recovering, Supervisor, error_kind, new_breaker
+from epick.runtime.supervisor import Recovering, Supervisor, _rlog, error_kind, new_breaker
 
 __all__ = ["WasmPolicy", "error_kind", "capabilities_of"]
 
@@ -109,6 +110,10 @@ class WasmPolicy:
         self.capabilities = capabilities_of(exports)
         self.has_state = Capabilities.STATE in self.capabilities
         self._resident = "set_snapshot" in exports
+        #: ABI v2: score frames, and pre_request carried by the next score/filter call.
+        self._v2 = getattr(mod, "abi_version", 1) >= 2
+        self._carries = self._v2 and "pre_request" in exports and (
+            "score" in exports or "filter" in exports)
         self._now_ms = now_ms
         self._checkpoint_on_hooks = checkpoint_on_hooks
         self.stats = PolicyStats(stats_window)
@@ -192,10 +197,14 @@ class WasmPolicy:
                 view = cycle.view
                 if view is not self._fed_view or inst is not self._fed_inst:
                     self._feed(inst, view)
-                blob = cycle.score_input(candidates, inline_snapshot=False)
+            if self._v2:
+                scores, in_range = inst.score_frame(
+                    _frames.frame_for(cycle, candidates, inline_snapshot=not self._resident), n)
+                if inst.deferred_failure is not None:
+                    self._deferred_failed(inst, t0)
             else:
-                blob = cycle.score_input(candidates, inline_snapshot=True)
-            scores, in_range = inst.score_checked(blob, n)
+                blob = cycle.score_input(candidates, inline_snapshot=not self._resident)
+                scores, in_range = inst.score_checked(blob, n)
         except PolicyTimeout as exc:
             scores, in_range = self._retry("score", exc, t0, self._score_once, cycle, candidates, n)
         except PolicyError as exc:
@@ -247,7 +256,21 @@ class WasmPolicy:
         sup = self.supervisor
         t0 = _perf_ns()
         try:
-            sup.live().pre_request(blob)
+            inst = sup.live()
+            if self._carries:
+                # ABI v2: the event rides on the next score/filter call (or is flushed by
+                # its own call before anything else reaches the instance); a failure is
+                # reported then. No guest call here, so nothing to time; the state counts
+                # as changed for the checkpoints, as before.
+                inst.defer_pre_request(blob)
+                breaker.success()
+                if inst.deferred_failure is not None:  # an older event, flushed
+                    self._deferred_failed(inst, t0)
+                self.checkpoints.changed()
+                if self._checkpoint_on_hooks:
+                    self._maybe_checkpoint()
+                return
+            inst.pre_request(blob)
         except PolicyTimeout as exc:
             self._retry("pre_request", exc, t0, self._hook_once, "pre_request", blob)
         except PolicyError as exc:
@@ -319,27 +342,56 @@ class WasmPolicy:
         self._fed_inst, self._fed_view = inst, view
 
     def _score_input(self, inst: PolicyInstance, cycle: Cycle, candidates: tuple[int, ...]) -> bytes:
-        if not self._resident:
-            return cycle.score_input(candidates, inline_snapshot=True)
-        view = cycle.view
-        if view is not self._fed_view or inst is not self._fed_inst:  # a new snapshot, or instance
-            self._feed(inst, view)
-        return cycle.score_input(candidates, inline_snapshot=False)
+        """The msgpack ScoreInput (version 1) or the score frame (version 2) for ``inst``,
+        its snapshot delivered first when resident."""
+        if self._resident:
+            view = cycle.view
+            if view is not self._fed_view or inst is not self._fed_inst:  # a new snapshot, or instance
+                self._feed(inst, view)
+        if self._v2:
+            return _frames.frame_for(cycle, candidates, inline_snapshot=not self._resident)
+        return cycle.score_input(candidates, inline_snapshot=not self._resident)
 
     def _score_once(self, cycle: Cycle, candidates: tuple[int, ...], n: int) -> tuple[np.ndarray, bool]:
         inst = self.supervisor.live()
-        return inst.score_checked(self._score_input(inst, cycle, candidates), n)
+        blob = self._score_input(inst, cycle, candidates)
+        if not self._v2:
+            return inst.score_checked(blob, n)
+        got = inst.score_frame(blob, n)
+        if inst.deferred_failure is not None:
+            self._deferred_failed(inst, _perf_ns())
+        return got
 
     def _filter_once(self, cycle: Cycle, candidates: tuple[int, ...], n: int) -> np.ndarray:
         inst = self.supervisor.live()
-        return inst.filter(self._score_input(inst, cycle, candidates), n)
+        blob = self._score_input(inst, cycle, candidates)
+        if not self._v2:
+            return inst.filter(blob, n)
+        keep = inst.filter_frame(blob, n)
+        if inst.deferred_failure is not None:
+            self._deferred_failed(inst, _perf_ns())
+        return keep
+
+    def _deferred_failed(self, inst: PolicyInstance, t0: int) -> None:
+        """Report a carried (or flushed) pre_request event's failure as that stage's: its
+        breaker and stats count it and it is logged; the call it rode on stands."""
+        exc = inst.take_deferred_failure()
+        if exc is None:
+            return
+        err = self.supervisor.failed("pre_request", exc, t0)
+        _rlog.warning((self.name, "pre_request", err.kind), "%s", err)
 
     def _hook_once(self, stage: str, blob: bytes) -> None:
         inst = self.supervisor.live()
         if stage == "pre_request":
-            inst.pre_request(blob)
+            if self._carries:
+                inst.defer_pre_request(blob)
+            else:
+                inst.pre_request(blob)
         else:
             inst.post_response(blob)
+            if inst.deferred_failure is not None:  # the pending event, flushed first
+                self._deferred_failed(inst, _perf_ns())
 
     def _hook(self, stage: str, blob: bytes) -> None:
         sup = self.supervisor

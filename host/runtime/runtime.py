@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import ctypes.util
+import dataclasses
 import hashlib
 import importlib.metadata
 import math
@@ -159,8 +160,8 @@ class Runtime:
         Checks, before compiling: the bytes are wasm, within ``Limits.module_bytes``,
         and define at most ``Limits.functions`` functions and ``Limits.globals``
         globals. After: the module imports nothing, every ABI export has its signature,
-        the required ones exist, and ``epick_abi_version()`` returns the host's
-        :data:`epick.abi.ABI_VERSION`. Raises :class:`PolicyLoadError` naming ``name``
+        the required ones exist, and ``epick_abi_version()`` returns a version the host
+        speaks (:data:`epick.abi.ABI_VERSIONS`; kept as ``abi_version``). Raises :class:`PolicyLoadError` naming ``name``
         and the problem. Safe to call from any thread.
 
         The compiled module is cached (in memory and in ``cache_dir``) only by
@@ -184,7 +185,9 @@ class Runtime:
             name=name, sha256=sha256, exports=exports, size=len(wasm), runtime=self,
             _module=module, has_start=shape.has_start, _cached=cached,
         )
-        self._check_abi_version(mod)
+        version = self._check_abi_version(mod)
+        if version != mod.abi_version:
+            mod = dataclasses.replace(mod, abi_version=version)
         return mod
 
     def _check_shape(self, name: str, wasm: bytes):
@@ -250,7 +253,7 @@ class Runtime:
         with self._lock:
             return frozenset(self._modules)
 
-    def _check_abi_version(self, mod: PolicyModule) -> None:
+    def _check_abi_version(self, mod: PolicyModule) -> int:
         """Instantiate once, without ``init``, and ask the module its ABI version."""
         budget = self.limits.control_budget_ms
         store = self.new_store(backstop_ms=budget)
@@ -268,11 +271,13 @@ class Runtime:
             version = func.call0()
         except PolicyError as exc:
             raise PolicyLoadError(mod.name, "epick_abi_version", exc.detail) from exc
-        if version != abi.ABI_VERSION:
+        if version not in abi.ABI_VERSIONS:
+            speaks = " and ".join(str(v) for v in abi.ABI_VERSIONS)
             raise PolicyLoadError(
                 mod.name, "epick_abi_version",
-                f"ABI version {version}, this host speaks {abi.ABI_VERSION}",
+                f"ABI version {version}, this host speaks {speaks}",
             )
+        return version
 
     def _check_open(self) -> None:
         if self.closed:

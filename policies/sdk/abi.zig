@@ -355,3 +355,90 @@ pub fn decodePostResponse(r: *Reader, s: Strings) Error!PostResponse {
 pub fn expectEnd(r: *const Reader, comptime what: []const u8) Error!void {
     if (!r.atEnd()) return report.fail("{d} unexpected bytes after the " ++ what ++ " at byte {d}", .{ r.buf.len - r.pos, r.pos });
 }
+
+// -- ABI v2: the score frame (policies/ABI.md, "The score frame") ------------------------
+
+/// The header's u32 words (host/abi.py FRAME_HEADER).
+pub const frame_header_words = 8;
+pub const frame_header_bytes = 4 * frame_header_words;
+/// The per-candidate i64 arrays this SDK knows, in frame order (host/abi.py FRAME_ARRAYS);
+/// arrays a newer host appends are skipped.
+pub const frame_arrays = [_][]const u8{
+    "in_flight", "picked_since_scrape", "prefix_blocks", "prefix_matched", "prefix_cleared_ms", "uncached_tokens",
+};
+/// Status of a v2 `score`/`filter` whose carried pre_request event failed (nothing scored).
+pub const frame_event_failed: i32 = 2;
+
+/// A score frame, read in place: nothing is copied or allocated.
+pub const Frame = struct {
+    candidates: []const u32,
+    values: [frame_arrays.len][]const i64 = @splat(&.{}),
+    /// The msgpack Request.
+    request: []const u8,
+    /// The msgpack Snapshot; empty = the resident one.
+    snapshot: []const u8,
+    /// A msgpack PreRequestEvent to apply before scoring; empty = none.
+    event: []const u8,
+};
+
+fn word(bytes: []const u8, i: usize) u32 {
+    return std.mem.readInt(u32, bytes[4 * i ..][0..4], .little);
+}
+
+/// Read a frame's header and find its parts; every length is checked against the input.
+pub fn parseFrame(bytes: []const u8) Error!Frame {
+    if (bytes.len < frame_header_bytes) return report.fail("score frame: {d} bytes, shorter than its {d}-byte header", .{ bytes.len, frame_header_bytes });
+    if (@intFromPtr(bytes.ptr) % 8 != 0) return report.fail("score frame: not 8-byte aligned", .{});
+    const n: u64 = word(bytes, 0);
+    const arrays: u64 = word(bytes, 1);
+    const present = word(bytes, 2);
+    if (arrays > 32) return report.fail("score frame: {d} per-candidate arrays (at most 32)", .{arrays});
+    if (arrays < 32 and (present >> @intCast(arrays)) != 0) return report.fail("score frame: present bits 0x{x} beyond its {d} arrays", .{ present, arrays });
+    var at: u64 = frame_header_bytes;
+    const cand_bytes = (4 * n + 7) & ~@as(u64, 7);
+    if (cand_bytes > bytes.len - at) return report.fail("score frame: {d} candidates do not fit in {d} bytes", .{ n, bytes.len });
+    var f: Frame = .{
+        .candidates = @as([*]const u32, @ptrCast(@alignCast(bytes.ptr + @as(usize, @intCast(at)))))[0..@intCast(n)],
+        .request = &.{},
+        .snapshot = &.{},
+        .event = &.{},
+    };
+    at += cand_bytes;
+    var k: u6 = 0;
+    while (k < arrays) : (k += 1) {
+        if ((present >> @intCast(k)) & 1 == 0) continue;
+        if (8 * n > bytes.len - at) return report.fail("score frame: array {d} does not fit in {d} bytes", .{ k, bytes.len });
+        if (k < frame_arrays.len) f.values[k] = @as([*]const i64, @ptrCast(@alignCast(bytes.ptr + @as(usize, @intCast(at)))))[0..@intCast(n)];
+        at += 8 * n;
+    }
+    var parts: [5][]const u8 = undefined;
+    for (&parts, 0..) |*p, i| {
+        const size: u64 = word(bytes, 3 + i);
+        if (size > bytes.len - at) return report.fail("score frame: section {d} ({d} bytes) does not fit in {d} bytes", .{ i, size, bytes.len });
+        p.* = bytes[@intCast(at)..@intCast(at + size)];
+        at += size;
+    }
+    if (at != bytes.len) return report.fail("score frame: {d} unexpected bytes after its sections", .{bytes.len - at});
+    f.request = parts[0];
+    f.snapshot = parts[1];
+    f.event = parts[2];
+    return f;
+}
+
+/// The `ScoreCtx` of a frame: its arrays are read in place; the request is decoded
+/// (strings alias the frame); the candidates are checked against `snap`.
+pub fn frameCtx(f: *const Frame, s: Strings, snap: *const Snapshot) Error!ScoreCtx {
+    var r = Reader.init(f.request);
+    const q = try decodeRequest(&r, s, "request");
+    try expectEnd(&r, "request");
+    for (f.candidates, 0..) |c, i| {
+        if (c >= snap.endpoints.len) {
+            return report.fail("candidates[{d}] = {d} is out of range for a snapshot of {d} endpoints", .{ i, c, snap.endpoints.len });
+        }
+    }
+    return .{
+        .snapshot = snap, .request = q, .candidates = f.candidates,
+        .in_flight = f.values[0], .picked_since_scrape = f.values[1], .prefix_blocks = f.values[2],
+        .prefix_matched = f.values[3], .prefix_cleared_ms = f.values[4], .uncached_tokens = f.values[5],
+    };
+}

@@ -27,7 +27,13 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define EPICK_ABI_VERSION 1
+/* 2 (the default): `score`/`filter` read the flat score frame (policies/ABI.md, "The score
+ * frame"); a policy that exports `pre_request` defines EPICK_PRE_REQUEST (below) so the
+ * event a frame carries reaches it. Define EPICK_ABI_VERSION 1 before the #include for a
+ * version 1 module (msgpack ScoreInput). */
+#ifndef EPICK_ABI_VERSION
+#define EPICK_ABI_VERSION 2
+#endif
 #define EPICK_EXPORT(name) __attribute__((export_name(#name), used))
 /* A helper a policy may not call (the build has -Werror=unused-function). */
 #define EPICK_OPTIONAL static __attribute__((unused))
@@ -119,7 +125,7 @@ static uint32_t epick__container(epick_reader *r, uint8_t fix_lo, uint8_t fix_hi
 static uint32_t epick_read_array(epick_reader *r, const char *what) { return epick__container(r, 0x90, 0x9f, 0xdc, 0xdd, what); }
 static uint32_t epick_read_map(epick_reader *r, const char *what) { return epick__container(r, 0x80, 0x8f, 0xde, 0xdf, what); }
 
-static int epick_read_nil(epick_reader *r) {
+EPICK_OPTIONAL int epick_read_nil(epick_reader *r) {
     if (!r->err && r->p < r->end && *r->p == 0xc0) { r->p++; return 1; }
     return 0;
 }
@@ -281,7 +287,7 @@ typedef struct {
         *prefix_cleared_ms, *uncached_tokens;
 } epick_candidate_values;
 
-static void epick__read_per_candidate(epick_reader *r, int64_t *out, uint32_t n_cands, int64_t empty,
+EPICK_OPTIONAL void epick__read_per_candidate(epick_reader *r, int64_t *out, uint32_t n_cands, int64_t empty,
                                       const char *what) {
     uint32_t m = epick_read_array(r, what);
     if (r->err) return;
@@ -310,6 +316,117 @@ EPICK_OPTIONAL int32_t epick_read_score_input(const void *in, uint32_t len, epic
                                       uint32_t *n_cands) {
     return epick_read_score_input_values(in, len, eps, max_eps, n_eps, q, cands, max_cands, n_cands, 0);
 }
+
+EPICK_OPTIONAL const int64_t epick__empty_values[6] = { 0, 0, -1, -1, 0, -1 };
+
+/* Read a msgpack Snapshot into `eps`. */
+EPICK_OPTIONAL int32_t epick__read_snapshot(epick_reader *r, epick_endpoint *eps, uint32_t max_eps, uint32_t *n_eps) {
+    uint32_t sn = epick_read_array(r, "snapshot");
+    if (sn > 0 && epick_read_int(r, "snapshot.schema") != 1 && !r->err) return epick_fail("snapshot.schema is not 1", 0, 0);
+    if (sn > 1) epick_read_int(r, "snapshot.version");
+    if (sn > 2) epick_read_int(r, "snapshot.timestamp_ms");
+    *n_eps = 0;
+    if (sn > 3) {
+        uint32_t m = epick_read_array(r, "snapshot.endpoints");
+        if (m > max_eps) return epick_fail("snapshot.endpoints: more endpoints than this policy holds", 0, 0);
+        for (uint32_t i = 0; i < m && !r->err; i++) epick_read_endpoint(r, &eps[i]);
+        *n_eps = m;
+    }
+    if (sn > 4) epick_skip_n(r, sn - 4, "snapshot (trailing)");
+    return 0;
+}
+
+#if EPICK_ABI_VERSION >= 2
+/* ---- ABI v2: the score frame ------------------------------------------------------ */
+
+EPICK_OPTIONAL uint32_t epick__u32le(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+EPICK_OPTIONAL int64_t epick__i64le(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return (int64_t)v;
+}
+
+#ifdef EPICK_PRE_REQUEST
+/* The policy's pre_request (EPICK_PRE_REQUEST names it): applied to the event a frame carries. */
+int32_t EPICK_PRE_REQUEST(const uint8_t *in, uint32_t len);
+#endif
+
+/* epick_read_score_input, and each array of `values` (NULL: none) filled for the candidates.
+ * A carried pre_request event goes to EPICK_PRE_REQUEST first; its failure returns 2 (the
+ * ABI's "carried event failed": score nothing). */
+EPICK_OPTIONAL int32_t epick_read_score_input_values(const void *in, uint32_t len, epick_endpoint *eps,
+                                             uint32_t max_eps, uint32_t *n_eps, epick_request *q,
+                                             uint32_t *cands, uint32_t max_cands, uint32_t *n_cands,
+                                             const epick_candidate_values *values) {
+    const uint8_t *b = (const uint8_t *)in;
+    if (len < 32) return epick_fail("score frame: shorter than its 32-byte header", 0, 0);
+    uint64_t n = epick__u32le(b), arrays = epick__u32le(b + 4);
+    uint32_t present = epick__u32le(b + 8);
+    if (arrays > 32 || (arrays < 32 && (present >> arrays) != 0)) return epick_fail("score frame: bad array count or present bits", 0, 0);
+    if (n > max_cands) return epick_fail("candidates: more than this policy holds", 0, 0);
+    uint64_t at = 32;
+    const uint8_t *cand_at = b + at;
+    uint64_t cand_bytes = (4 * n + 7) & ~(uint64_t)7;
+    if (cand_bytes > len - at) return epick_fail("score frame: the candidates do not fit", 0, 0);
+    at += cand_bytes;
+    const uint8_t *value_at[6] = { 0, 0, 0, 0, 0, 0 };
+    for (uint32_t k = 0; k < arrays; k++) {
+        if (!((present >> k) & 1)) continue;
+        if (8 * n > len - at) return epick_fail("score frame: a per-candidate array does not fit", 0, 0);
+        if (k < 6) value_at[k] = b + at;
+        at += 8 * n;
+    }
+    const uint8_t *part[5];
+    uint32_t part_len[5];
+    for (uint32_t i = 0; i < 5; i++) {
+        uint64_t size = epick__u32le(b + 12 + 4 * i);
+        if (size > len - at) return epick_fail("score frame: a section does not fit", 0, 0);
+        part[i] = b + at;
+        part_len[i] = (uint32_t)size;
+        at += size;
+    }
+    if (at != len) return epick_fail("score frame: unexpected bytes after its sections", 0, 0);
+    if (part_len[2]) {
+#ifdef EPICK_PRE_REQUEST
+        if (EPICK_PRE_REQUEST(part[2], part_len[2])) return 2;
+        epick_err_len = 0;
+#else
+        epick_fail("the score frame carries a pre_request event, but this policy defines no EPICK_PRE_REQUEST", 0, 0);
+        return 2;
+#endif
+    }
+    if (!part_len[1]) return epick_fail("the score frame has no snapshot: this policy needs it inline", 0, 0);
+    epick_reader r = epick_reader_of(part[1], part_len[1]);
+    int32_t rc = epick__read_snapshot(&r, eps, max_eps, n_eps);
+    if (rc) return rc;
+    if (r.err) return epick_fail("malformed or truncated snapshot at ", r.err, epick__cstrlen(r.err));
+    if (r.p != r.end) return epick_fail("unexpected bytes after the snapshot", 0, 0);
+    r = epick_reader_of(part[0], part_len[0]);
+    epick_read_request(&r, q);
+    if (r.err) return epick_fail("malformed or truncated request at ", r.err, epick__cstrlen(r.err));
+    if (r.p != r.end) return epick_fail("unexpected bytes after the request", 0, 0);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t v = epick__u32le(cand_at + 4 * i);
+        if (v >= *n_eps) return epick_fail("candidates[]: index out of range", 0, 0);
+        cands[i] = v;
+    }
+    *n_cands = (uint32_t)n;
+    if (values) {
+        int64_t *arrays_out[6] = { values->in_flight, values->picked_since_scrape, values->prefix_blocks,
+                                   values->prefix_matched, values->prefix_cleared_ms, values->uncached_tokens };
+        for (uint32_t k = 0; k < 6; k++) {
+            if (!arrays_out[k]) continue;
+            for (uint32_t i = 0; i < n; i++)
+                arrays_out[k][i] = value_at[k] ? epick__i64le(value_at[k] + 8 * i) : epick__empty_values[k];
+        }
+    }
+    return 0;
+}
+
+#else /* EPICK_ABI_VERSION 1: a msgpack ScoreInput */
 
 /* epick_read_score_input, and each array of `values` (NULL: none) filled for the candidates. */
 EPICK_OPTIONAL int32_t epick_read_score_input_values(const void *in, uint32_t len, epick_endpoint *eps,
@@ -358,6 +475,7 @@ EPICK_OPTIONAL int32_t epick_read_score_input_values(const void *in, uint32_t le
     if (r.p != r.end) return epick_fail("unexpected bytes after the ScoreInput", 0, 0);
     return 0;
 }
+#endif
 
 /* A PostResponseEvent (policies/ABI.md): the request finished. Fields the host did not
  * send keep the ABI's defaults: ttft_ms -1.0, prompt_tokens and completion_tokens -1 (not

@@ -64,8 +64,9 @@ pub const PostResponse = abi.PostResponse;
 pub const Criticality = abi.Criticality;
 pub const contains = abi.contains;
 
-/// The ABI version this SDK implements (policies/ABI.md).
-pub const abi_version: i32 = 1;
+/// The ABI version this SDK implements (policies/ABI.md): score frames, read in place,
+/// and pre_request events carried by the next score/filter call.
+pub const abi_version: i32 = 2;
 
 /// The general-purpose allocator over the module's linear memory (grows it on demand).
 pub const gpa: std.mem.Allocator = std.heap.wasm_allocator;
@@ -414,28 +415,50 @@ fn Exports(comptime P: type) type {
             return guard(doSetSnapshot(bytesAt(ptr, len)));
         }
 
-        fn decodeCtx(bytes: []const u8) Error!abi.ScoreCtx {
+        /// The ScoreCtx of a score frame (ABI v2), its arrays read in place.
+        fn frameCtx(f: *const abi.Frame) Error!abi.ScoreCtx {
             try needInit();
-            var r = Reader.init(bytes);
             const strings: abi.Strings = .{ .arena = scratch(), .copy = false };
-            const head = try abi.decodeScoreInputHead(&r);
             var snap: *const abi.Snapshot = undefined;
-            if (head.snapshot_nil) {
-                if (!have_snapshot) return report.fail("ScoreInput.snapshot is nil but no snapshot was set (call set_snapshot first)", .{});
+            if (f.snapshot.len == 0) {
+                if (!have_snapshot) return report.fail("the score frame has no snapshot but none was set (call set_snapshot first)", .{});
                 snap = &snaps[snap_live];
             } else {
+                var r = Reader.init(f.snapshot);
                 const s = try scratch().create(abi.Snapshot);
                 s.* = try abi.decodeSnapshot(&r, strings);
+                try abi.expectEnd(&r, "snapshot");
                 try noticeSnapshot(s, false);
                 snap = s;
             }
-            const ctx = try abi.decodeScoreInputTail(&r, strings, head, snap);
-            try abi.expectEnd(&r, "ScoreInput");
-            return ctx;
+            return abi.frameCtx(f, strings, snap);
         }
 
-        fn doScore(bytes: []const u8, out_ptr: usize) Error!void {
-            const ctx = try decodeCtx(bytes);
+        /// Read the frame and apply the pre_request event it carries, if any: its failure
+        /// is the call's status `frame_event_failed`, nothing scored (the host reports it
+        /// as pre_request's and calls again without it).
+        fn openFrame(bytes: []const u8, status: *i32) ?abi.Frame {
+            const f = abi.parseFrame(bytes) catch |err| {
+                status.* = report.status(err);
+                return null;
+            };
+            if (f.event.len > 0) {
+                const result: Error!void = if (@hasDecl(P, "preRequest"))
+                    doPreRequest(f.event)
+                else
+                    report.fail("the score frame carries a pre_request event, but this policy has no preRequest", .{});
+                if (result) |_| {} else |err| {
+                    _ = report.status(err);
+                    status.* = abi.frame_event_failed;
+                    return null;
+                }
+                begin(); // the scoring starts with a clean scratch arena and message
+            }
+            return f;
+        }
+
+        fn doScore(f: *const abi.Frame, out_ptr: usize) Error!void {
+            const ctx = try frameCtx(f);
             const out = try scratch().alloc(f64, ctx.candidates.len);
             try P.score(&ctx, out);
             // The host's buffer need not be 8-aligned: copy bytes.
@@ -444,11 +467,13 @@ fn Exports(comptime P: type) type {
 
         fn score(ptr: usize, len: usize, out_ptr: usize) callconv(.c) i32 {
             begin();
-            return guard(doScore(bytesAt(ptr, len), out_ptr));
+            var status: i32 = 0;
+            const f = openFrame(bytesAt(ptr, len), &status) orelse return status;
+            return guard(doScore(&f, out_ptr));
         }
 
-        fn doFilter(bytes: []const u8, out_ptr: usize) Error!void {
-            const ctx = try decodeCtx(bytes);
+        fn doFilter(f: *const abi.Frame, out_ptr: usize) Error!void {
+            const ctx = try frameCtx(f);
             const keep = try scratch().alloc(u8, ctx.candidates.len);
             @memset(keep, 1);
             try P.filter(&ctx, keep);
@@ -457,7 +482,9 @@ fn Exports(comptime P: type) type {
 
         fn filter(ptr: usize, len: usize, out_ptr: usize) callconv(.c) i32 {
             begin();
-            return guard(doFilter(bytesAt(ptr, len), out_ptr));
+            var status: i32 = 0;
+            const f = openFrame(bytesAt(ptr, len), &status) orelse return status;
+            return guard(doFilter(&f, out_ptr));
         }
 
         fn doPreRequest(bytes: []const u8) Error!void {

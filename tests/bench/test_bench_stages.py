@@ -65,8 +65,10 @@ def test_a_short_real_run_has_a_row_per_stage_and_policy_adding_up_to_the_total(
         for part in ("crossing", "guest: SDK decode", "guest: policy work"):
             assert f"policy {policy}: score {part}" in labels
     for stage in ("validation (pin_of, to_request)", "picker", "decision memory",
-                  "telemetry", "ScoreInput encode (msgpack, once a cycle)"):
+                  "telemetry"):
         assert stage in labels
+    # ABI v2 policies get the score frame; a version 1 module would get msgpack
+    assert "score frame encode (ABI v2, once a cycle)" in labels
     assert sum(us for _, us, _ in res.rows) == pytest.approx(res.whole[stages.ROOT])
     text = stages.render(res)
     assert "total (plain answer_pick)" in text and "policy load: score crossing" in text

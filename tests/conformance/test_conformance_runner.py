@@ -117,7 +117,7 @@ def test_check_runs_builtin_and_extra_vectors_then_the_properties(tmp_path, ship
     names = [c.name for c in report.cases]
     assert names[0] == "load/queue-spread"
     assert "mine/tolerance" in names
-    assert names[-1] == "property/reinit-resets-state"
+    assert names[-1] == "property/carried-events-like-their-own-calls"
     assert not report.passed
     assert {c.name for c in report.failures} == {
         "mine/wrong-score", "mine/wrong-order", "mine/refused-params", "mine/keep-mask-on-a-scorer",

@@ -83,14 +83,73 @@ EPICK_EXPORT(export_state) int32_t export_state(void) {
 """
 
 
-@pytest.fixture(scope="module")
-def c_module(tmp_path_factory, runtime):
-    tmp = tmp_path_factory.mktemp("c-values")
-    folder = tmp / "c-values"
+def _build_c(tmp_path_factory, runtime, name: str, source: str):
+    tmp = tmp_path_factory.mktemp(name)
+    folder = tmp / name
     folder.mkdir()
-    (folder / "values.c").write_text(SOURCE)
-    wasm = build(Policy("c-values", folder, "c"), tmp / "out").read_bytes()
-    return runtime.compile(wasm, name="c-values")
+    (folder / "policy.c").write_text(source)
+    wasm = build(Policy(name, folder, "c"), tmp / "out").read_bytes()
+    return runtime.compile(wasm, name=name)
+
+
+@pytest.fixture(scope="module", params=[2, 1], ids=["abi2", "abi1"])
+def c_module(request, tmp_path_factory, runtime):
+    """The policy above built for ABI version 2 (the default) and version 1."""
+    prefix = "#define EPICK_ABI_VERSION 1\n" if request.param == 1 else ""
+    mod = _build_c(tmp_path_factory, runtime, f"c-values-{request.param}", prefix + SOURCE)
+    assert mod.abi_version == request.param
+    return mod
+
+
+COUNTING = r"""
+#define EPICK_PRE_REQUEST pre_request
+#include "epick.h"
+
+#define MAX 16
+static epick_endpoint endpoints[MAX];
+static uint32_t candidates[MAX];
+static int32_t events;
+
+EPICK_STANDARD_EXPORTS
+
+EPICK_EXPORT(init) int32_t init(const uint8_t *params, uint32_t len) {
+    (void)params; (void)len;
+    events = 0;
+    return 0;
+}
+
+/* Every pre_request event counted (a carried one too); an empty one is an error. */
+EPICK_EXPORT(pre_request) int32_t pre_request(const uint8_t *in, uint32_t len) {
+    (void)in;
+    if (len < 2) return epick_fail("empty event", 0, 0);
+    events++;
+    return 0;
+}
+
+EPICK_EXPORT(score) int32_t score(const uint8_t *in, uint32_t len, double *out) {
+    uint32_t n_eps, n;
+    epick_request q;
+    int32_t rc = epick_read_score_input(in, len, endpoints, MAX, &n_eps, &q, candidates, MAX, &n);
+    if (rc) return rc;
+    for (uint32_t i = 0; i < n; i++) out[i] = (double)events / 100.0;
+    return 0;
+}
+"""
+
+
+def test_a_c_policy_gets_the_event_the_next_score_carries(tmp_path_factory, runtime):
+    from epick.interfaces import Cycle, PoolView
+    from epick.runtime import WasmPolicy
+
+    mod = _build_c(tmp_path_factory, runtime, "c-counting", COUNTING)
+    assert mod.abi_version == 2
+    plugin = WasmPolicy(mod, {}, checkpoint_on_hooks=False)
+    view = PoolView.build(snap([ep("a:1"), ep("b:1")]))
+    for k in range(3):
+        c = Cycle(view=view, request=abi.Request(model="m"))
+        assert plugin.score(c, (0, 1)).tolist() == [k / 100] * 2
+        plugin.pre_request(c, "a:1")
+        assert plugin.supervisor.instance.pending
 
 
 def score_blob(uncached=(), **request):

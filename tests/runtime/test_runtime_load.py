@@ -139,8 +139,8 @@ def test_extra_exports_the_abi_does_not_name_are_allowed(runtime):
 
 def test_a_wrong_abi_version_is_refused_naming_both_versions(runtime):
     with pytest.raises(PolicyLoadError) as err:
-        runtime.compile(minimal(abi_version=2), name="future")
-    assert str(err.value) == "policy 'future': ABI version 2, this host speaks 1"
+        runtime.compile(minimal(abi_version=3), name="future")
+    assert str(err.value) == "policy 'future': ABI version 3, this host speaks 1 and 2"
     assert err.value.export == "epick_abi_version"
 
 
