@@ -261,6 +261,21 @@ def _test_selection(value: str) -> list[str]:
     return out
 
 
+def _complete(svc: ExtProcService, decision_id: str, endpoint: str,
+              status: abi.CompletionStatus, usage: UsageReader | None) -> None:
+    """Report one request's completion, with what its answer's body said (if read)."""
+    if usage is not None:
+        usage.finish()
+    # Looked up per report (a test may wrap the scheduler's): remote deciders report
+    # to the service's process themselves.
+    complete = svc.decider.complete if svc.scheduler is None else svc.scheduler.complete
+    complete(
+        decision_id=decision_id, endpoint=endpoint, status=status,
+        prompt_tokens=usage.prompt_tokens if usage else None,
+        completion_tokens=usage.completion_tokens if usage else None,
+        ttft_s=usage.ttft_s if usage else None)
+
+
 class _Stream:
     """One HTTP request's ext_proc conversation (one gRPC stream).
 
@@ -527,20 +542,9 @@ class _Stream:
         if d is None or self.reported:
             return
         self.reported = True
-        usage = self.usage
-        if usage is not None:
-            usage.finish()
-        svc = self.svc
-        # Looked up per report (a test may wrap the scheduler's): remote deciders report
-        # to the service's process themselves.
-        complete = svc.decider.complete if svc.scheduler is None else svc.scheduler.complete
-        complete(
-            decision_id=d.decision_id, endpoint=self.served or d.endpoint, status=status,
-            prompt_tokens=usage.prompt_tokens if usage else None,
-            completion_tokens=usage.completion_tokens if usage else None,
-            ttft_s=usage.ttft_s if usage else None)
+        _complete(self.svc, d.decision_id, self.served or d.endpoint, status, self.usage)
         if self.svc.on_complete is not None:
-            self.svc.on_complete(d, status, usage)
+            self.svc.on_complete(d, status, self.usage)
 
     def finish(self) -> None:
         """The stream ended (Envoy closes it when the HTTP stream is done): report once."""
@@ -623,18 +627,9 @@ class _Observer:
         if not self.decision_id or self.reported:
             return
         self.reported = True
-        usage = self.usage
-        if usage is not None:
-            usage.finish()
-        svc = self.svc
-        complete = svc.decider.complete if svc.scheduler is None else svc.scheduler.complete
         # The endpoint that served, if the data plane said (metadata); else empty: the
         # scheduler releases the endpoint it picked, by the decision id.
-        complete(
-            decision_id=self.decision_id, endpoint=self.served, status=status,
-            prompt_tokens=usage.prompt_tokens if usage else None,
-            completion_tokens=usage.completion_tokens if usage else None,
-            ttft_s=usage.ttft_s if usage else None)
+        _complete(self.svc, self.decision_id, self.served, status, self.usage)
 
     def finish(self) -> None:
         """The stream ended before the answer did (the client left): CANCELLED."""

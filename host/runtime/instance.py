@@ -217,6 +217,13 @@ class PolicyInstance:
         """
         if self._v2:
             return self.score_frame(self._frame_of(blob, "score"), n)
+        return self.score_frame(blob, n)  # a v1 instance never has an event pending
+
+    def score_frame(self, frame: bytes, n: int) -> tuple[np.ndarray, bool]:
+        """:meth:`score_checked` of a version 2 instance on a score frame (made once per
+        pick by :func:`epick.abi.encode_frame`); the pending pre_request event, if any,
+        rides along (policies/ABI.md, "The score frame"). A version 1 instance's msgpack
+        input takes the same path: it never has an event pending."""
         func = self._score
         if func is None:
             raise self._missing("score")
@@ -226,15 +233,20 @@ class PolicyInstance:
         try:
             if not self._ticking.running:
                 self._check_ticker()
-            size = len(blob)
-            if size > self._in_cap:
-                self._grow_input(size)
-            self._in_mv[:size] = blob
+            size = len(frame)
+            pending = self._pending
+            need = size if pending is None else size + len(pending)
+            if need > self._in_cap:
+                self._grow_input(need)
+            self._in_mv[:size] = frame
             if n >= self._out_slots:
                 self._grow_output(n + 1)
             end = 8 * (n + 1)
             self._out_mv[:end] = self._sentinels[:end]
-            status = func.call3(self._in_ptr, size, self._out_ptr)
+            if pending is None:
+                status = func.call3(self._in_ptr, size, self._out_ptr)
+            else:
+                status = self._call_carrying(self._score_ev, func, size, "score")
             if status:
                 raise PolicyCallError(self.name, "score", status, self._error_message())
             # Slot n read as a Python int (a numpy scalar costs more than this whole check).
@@ -247,54 +259,6 @@ class PolicyInstance:
             # sentinel included), inf and negative number has a pattern above 1.0's: the
             # largest pattern tells "all in [0, 1]" (and so "all written"). argmax finds
             # it for a quarter of what np.maximum.reduce costs.
-            top = q[self._out_u64[:n].argmax()] if n else 0
-            scores = self._out_f64[:n].copy()
-        finally:
-            lock.release()
-        if top <= _ONE_BITS:
-            return scores, True
-        written = scores.view(np.uint64) != SCORE_SENTINEL
-        if not written.all():
-            raise PolicyOutputError(
-                self.name, "score",
-                f"score wrote {int(written.sum())} of {n} scores "
-                f"(first missing: candidate {int(np.argmin(written))})",
-            )
-        return scores, False
-
-    def score_frame(self, frame: bytes, n: int) -> tuple[np.ndarray, bool]:
-        """:meth:`score_checked` of a version 2 instance on a score frame (made once per
-        pick by :func:`epick.abi.encode_frame`); the pending pre_request event, if any,
-        rides along (policies/ABI.md, "The score frame")."""
-        func = self._score
-        if func is None:
-            raise self._missing("score")
-        lock = self._lock
-        if not lock.acquire(False):
-            raise self._busy()
-        try:
-            if not self._ticking.running:
-                self._check_ticker()
-            size = len(frame)
-            pending = self._pending
-            if size + (len(pending) if pending is not None else 0) > self._in_cap:
-                self._grow_input(size + (len(pending) if pending is not None else 0))
-            self._in_mv[:size] = frame
-            if n >= self._out_slots:
-                self._grow_output(n + 1)
-            end = 8 * (n + 1)
-            self._out_mv[:end] = self._sentinels[:end]
-            if self._pending is None:
-                status = func.call3(self._in_ptr, size, self._out_ptr)
-            else:
-                status = self._call_carrying(self._score_ev, func, size, "score")
-            if status:
-                raise PolicyCallError(self.name, "score", status, self._error_message())
-            q = self._out_q
-            if q[n] != _SENTINEL_INT:
-                raise PolicyOutputError(
-                    self.name, "score", f"score wrote more than the {n} scores asked for"
-                )
             top = q[self._out_u64[:n].argmax()] if n else 0
             scores = self._out_f64[:n].copy()
         finally:
