@@ -25,8 +25,9 @@ def test_every_named_benchmark_is_a_module_of_epick_bench_with_main_argv(name):
 def test_every_benchmark_module_of_the_package_has_a_name():
     """A new benchmark file gets a sub-command (helpers are listed here as not runnable)."""
     # overload: the flow-control workload `epick bench quality --workloads overload` runs.
+    # regress_worker: one side of `epick bench regress`'s interleaved mode.
     helpers = {"__init__", "cli", "checkout", "timing", "pypolicies", "kvsim", "grpc",
-               "pages", "floor", "profile", "dataplanes", "overload"}
+               "pages", "floor", "profile", "dataplanes", "overload", "regress_worker"}
     files = {p.stem for p in (ROOT / "host" / "bench").glob("*.py")}
     assert sorted(files - helpers) == sorted(BENCHMARKS.values())
 
