@@ -374,13 +374,17 @@ class _Worker:
                                      stdout=subprocess.PIPE, stderr=self.err, text=True)
 
     def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait(timeout=30)
-            self.err.seek(0)
-            raise RegressError(f"{self.side.name}: the interleaved worker stopped "
-                               f"(exit {self.proc.returncode}): {self.err.read().strip()[-800:]}")
-        return json.loads(line)
+        """The worker's next JSON line (anything else a side prints on stdout is skipped)."""
+        while line := self.proc.stdout.readline():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    got = json.loads(line)
+                    if isinstance(got, dict):
+                        return got
+        self.proc.wait(timeout=30)
+        self.err.seek(0)
+        raise RegressError(f"{self.side.name}: the interleaved worker stopped "
+                           f"(exit {self.proc.returncode}): {self.err.read().strip()[-800:]}")
 
     def ready(self) -> dict:
         """The worker's ready line, checked: it imports its own side's epick."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import math
 import os
 import statistics
@@ -308,3 +309,40 @@ def test_a_short_interleaved_run_pins_both_sides_and_prints_a_ratio_line():
     assert len(line) == 1 and "ratio tree ÷ base " in line[0], done.stdout
     assert "(cpu, 40 picks each)" in line[0] and "median of 2 alternations" in line[0]
     assert "verdict: not judged (--turns 2 < 10)" in done.stdout
+
+
+def test_a_worker_that_dies_is_a_clear_error_and_stray_output_is_skipped(tmp_path: Path):
+    """The guard reads only the worker's JSON lines; a worker that exits is named."""
+    side = regress.Side("base", tmp_path, dict(os.environ))
+    w = regress._Worker.__new__(regress._Worker)
+    w.side = side
+    w.err = open(tmp_path / "err", "w+")  # noqa: SIM115 (closed below)
+    w.proc = subprocess.Popen(
+        [sys.executable, "-c", "print('a log line'); print('{\"ready\": 1}'); "
+                               "import sys; sys.stderr.write('boom'); sys.exit(3)"],
+        stdout=subprocess.PIPE, stderr=w.err, text=True)
+    try:
+        assert w._read() == {"ready": 1}
+        with pytest.raises(RegressError, match=r"base: the interleaved worker stopped "
+                                               r"\(exit 3\): boom"):
+            w._read()
+    finally:
+        w.err.close()
+
+
+def test_a_worker_importing_another_checkouts_epick_is_refused(tmp_path: Path):
+    elsewhere = tmp_path / "other" / "host" / "__init__.py"
+    side = regress.Side("base", tmp_path / "base", dict(os.environ))
+    (tmp_path / "base").mkdir()
+    w = regress._Worker.__new__(regress._Worker)
+    w.side = side
+    w.err = open(tmp_path / "err", "w+")  # noqa: SIM115 (closed below)
+    line = json.dumps({"ready": {"epick": str(elsewhere)}})
+    w.proc = subprocess.Popen([sys.executable, "-c", f"print({line!r})"],
+                              stdout=subprocess.PIPE, stderr=w.err, text=True)
+    try:
+        with pytest.raises(RegressError, match="the interleaved worker imports epick from"):
+            w.ready()
+    finally:
+        w.proc.wait()
+        w.err.close()
