@@ -414,7 +414,7 @@ class _Worker:
 
 def run_interleaved(tree: Side, base: Side, sizes: Sequence[int], turns: int,
                     turn_picks: int, *, cpu: int | None, warm: int = 1000,
-                    log=print) -> Interleaved:
+                    clock: str = "cpu", log=print) -> Interleaved:
     """Per size, one warm worker per side on the same CPU, taking turns."""
     out = Interleaved()
     for n in sizes:
@@ -427,9 +427,9 @@ def run_interleaved(tree: Side, base: Side, sizes: Sequence[int], turns: int,
                 for name in order:
                     out.add(name, n, workers[name].turn(turn_picks))
                 if (k + 1) % 20 == 0 or k + 1 == turns:
-                    done = out.ratios(n, "cpu")
+                    done = out.ratios(n, clock)
                     log(f"  {n} endpoints: {k + 1} alternations, median ratio so far "
-                        f"{statistics.median(done):.3f} (cpu)")
+                        f"{statistics.median(done):.3f} ({clock})")
         finally:
             for w in workers.values():
                 w.close()
@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(head + f"interleaved: {args.turns} alternations × {args.turn_picks} "
                       f"picks a turn, {where}", flush=True)
                 inter = run_interleaved(tree, base, args.sizes, args.turns, args.turn_picks,
-                                        cpu=cpu, warm=args.warm,
+                                        cpu=cpu, warm=args.warm, clock=args.clock,
                                         log=lambda s: print(s, flush=True))
     except RegressError as e:
         print(f"epick bench regress: {e}", file=sys.stderr)
