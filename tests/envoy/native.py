@@ -3,6 +3,7 @@ the Makefile installs it with apt-get when missing), or the test fails saying wh
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 from pathlib import Path
 
@@ -19,3 +20,20 @@ def build_native() -> Path:
     from epick.frontend.supervisor import native_binary
 
     return native_binary()
+
+
+def collect(module, namespace: dict, *, skip: tuple[str, ...] = ()) -> None:
+    """Every ``test_*`` function of ``module`` that starts epick (an ``epick`` or ``stack``
+    argument), and every fixture, into ``namespace`` (a test module's globals), so they
+    run again there with that module's ``epick``."""
+    for name in dir(module):
+        value = getattr(module, name)
+        if name in namespace or any(s in name for s in skip):
+            continue
+        if name.startswith("test_"):
+            params = inspect.signature(value).parameters
+            if "epick" in params or "stack" in params:
+                namespace[name] = value
+        elif type(value).__name__ == "FixtureFunctionDefinition" or hasattr(
+                value, "_pytestfixturefunction"):
+            namespace[name] = value
