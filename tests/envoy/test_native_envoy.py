@@ -188,3 +188,24 @@ def test_a_missing_native_binary_is_a_clear_error(tmp_path, replicas, monkeypatc
         with running(_native_config(tmp_path, [replicas(1, vllm_page())[0].address], 1)):
             pass
     assert err.group_contains(FileNotFoundError, match="make native")
+
+
+def test_with_flow_control_a_native_workers_request_is_decided_through_the_queue(
+        tmp_path, replicas, native_binary):
+    """Flow control on: the hub answers a native worker's request from a task (the pick
+    may wait), with the same answers."""
+    pool = [r.address for r in replicas(2, vllm_page())]
+    config = _native_config(tmp_path, pool, 1)
+    config = msgspec.structs.replace(config, flow_control=msgspec.structs.replace(
+        config.flow_control, enabled=True))
+    with running(config) as svc:
+        assert svc.service.hub.decider.flow is not None  # the queued path, below
+        seen = spy_complete(svc)
+        out = converse(svc, [duplex_headers(), body_msg({"model": "base", "prompt": "hi"}),
+                             response_headers_msg(), response_body_msg(b"{}", eos=True)])
+        assert out[0].request_headers.response.header_mutation.set_headers[0].header.key == (
+            "x-gateway-destination-endpoint")
+        wait_reported(svc)
+        assert [kw["status"] for kw in seen] == [0]
+        bad = converse(svc, [duplex_headers(), body_msg(b"{not json")])
+        assert bad[0].immediate_response.status.code == 400
