@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # setuptools says "Editable installation." on every editable install: information only.
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: demo test test-perf dnsmasq lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real test-dataplanes wheel ebpf-tools test-ebpf
+.PHONY: native demo test test-perf dnsmasq lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real test-dataplanes wheel ebpf-tools test-ebpf
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,17 @@ $(ENVOY_STAMP):
 
 envoy: $(ENVOY_STAMP)
 
+## native: the C++ ext_proc worker ([server] frontend = "native"), built against Debian's
+## gRPC (libgrpc++-dev, installed with apt-get when missing: CI runs as root)
+NATIVE_DIR := host/frontend/native
+NATIVE_BIN := $(NATIVE_DIR)/epick-extproc
+$(NATIVE_BIN): $(NATIVE_DIR)/epick_extproc.cc
+	@pkg-config --exists grpc++ || (apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q libgrpc++-dev pkg-config g++)
+	$(CXX) -O2 -std=c++17 -Wall -o $@ $< $$(pkg-config --cflags --libs grpc++) -lpthread
+
+native: $(NATIVE_BIN)
+
 # lint-imports (grimp) reads a package's modules from its one folder, and epick.conformance
 # is the top-level conformance/, outside host/: so it reads a view, epick/ = host/'s
 # entries + conformance (symlinks, remade on every run, in the venv).
@@ -58,7 +69,7 @@ dnsmasq:
 	@command -v dnsmasq >/dev/null || test -x /usr/sbin/dnsmasq \
 		|| (apt-get update -q && apt-get install -y -q dnsmasq)
 
-test: $(STAMP) $(ENVOY_STAMP) dnsmasq
+test: $(STAMP) $(ENVOY_STAMP) dnsmasq native
 	$(VENV)/bin/ruff check --quiet .
 	$(LINT_IMPORTS)
 	$(PY) -m pytest -q
@@ -77,7 +88,7 @@ lint: $(STAMP)
 	$(LINT_IMPORTS)
 
 ## test-envoy: only the tests against a real Envoy (tests/envoy/)
-test-envoy: $(STAMP) $(ENVOY_STAMP)
+test-envoy: $(STAMP) $(ENVOY_STAMP) native
 	$(PY) -m pytest -q tests/envoy
 
 ## inference-perf: its multi-LoRA and shared-prefix runs through the gateway and Envoy,
@@ -151,4 +162,4 @@ test-ebpf: $(STAMP) ebpf-tools
 	EPICK_TEST_EBPF=1 $(PY) -m pytest -q tests/ebpf
 
 clean:
-	rm -rf $(VENV) $(ENVOY_VENV) $(IP_VENV) .venv-vllm .pytest_cache examples/ebpf/lb.bpf.o
+	rm -rf $(NATIVE_BIN) $(VENV) $(ENVOY_VENV) $(IP_VENV) .venv-vllm .pytest_cache examples/ebpf/lb.bpf.o

@@ -529,8 +529,11 @@ class Service:
         # [server] workers > 1: the front ends run in worker processes; this one holds
         # their ports (SO_REUSEPORT, not listening) and decides for them.
         reserved: list[socket.socket] = []
-        in_workers = self.config.server.workers > 1 and bool(
+        # [server] frontend = "native": ext_proc in native workers (even one); [http] here.
+        native = self.config.server.frontend == "native" and bool(self.config.ext_proc.listen)
+        in_workers = native or self.config.server.workers > 1 and bool(
             self.config.ext_proc.listen or self.config.http.listen)
+        http_here = bool(self.config.http.listen) and (native or not in_workers)
 
         def reserve(address: str) -> int:
             reserved.append(_reserve_port(address))
@@ -540,9 +543,9 @@ class Service:
             if self.config.ext_proc.listen:
                 self.ext_proc_port = _listen(reserve, self.config.ext_proc.listen,
                                              "[ext_proc] listen")
-            if self.config.http.listen:
+            if self.config.http.listen and not http_here:
                 self.http_port = _listen(reserve, self.config.http.listen, "[http] listen")
-            self._make_workers(picker)
+            self._make_workers(picker, native=native)
         elif self.config.ext_proc.listen:
             from epick.api.ext_proc import build_server  # xds protos load only when used
 
@@ -557,7 +560,7 @@ class Service:
                                          "[ext_proc] listen")
 
         http = None
-        if self.config.http.listen and not in_workers:
+        if http_here:
             from epick.api.http import HttpApi, HttpServer
 
             http = HttpServer(HttpApi(
@@ -637,9 +640,11 @@ class Service:
                     await anyio.to_thread.run_sync(self.tracer.shutdown)
                 self.runtime.close()
 
-    def _make_workers(self, picker: PickerService) -> None:
-        """The hub (a Unix socket in a private folder) and the workers' supervisor."""
+    def _make_workers(self, picker: PickerService, *, native: bool = False) -> None:
+        """The hub (a Unix socket in a private folder) and the workers' supervisor
+        (``native``: the C++ ext_proc workers; FileNotFoundError when it is not built)."""
         from epick.frontend import Hub, Workers
+        from epick.frontend.supervisor import native_binary
         from epick.frontend.worker import WorkerSpec
 
         def resolved(address: str, port: int) -> str:  # the reserved port, not :0
@@ -648,19 +653,33 @@ class Service:
             host, _ = _host_port(address)
             return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
+        binary = native_binary() if native else None  # said before anything starts
         folder = Path(tempfile.mkdtemp(prefix="epick-frontend-"))
         ext_proc = (msgspec.structs.replace(
             self.config.ext_proc, listen=resolved(self.config.ext_proc.listen,
                                                   self.ext_proc_port))
             if self.config.ext_proc.listen else None)
-        http = resolved(self.config.http.listen, self.http_port)
+        http = "" if native else resolved(self.config.http.listen, self.http_port)
         level = logging.getLogger().getEffectiveLevel()
+        hub = str(folder / "hub.sock")
+        command = None
+        if native:
+            def command(i: int) -> list[str]:
+                return [str(binary), "--index", str(i), "--hub", hub,
+                        "--listen", ext_proc.listen,
+                        "--max-body-bytes", str(ext_proc.max_body_bytes),
+                        "--metadata-namespace", ext_proc.metadata_namespace,
+                        "--expose-endpoint", str(int(ext_proc.expose_endpoint)),
+                        "--conformance-hooks", str(int(ext_proc.conformance_hooks))]
         self.workers = Workers(
             self.config.server.workers,
-            lambda i: WorkerSpec(index=i, hub=str(folder / "hub.sock"), ext_proc=ext_proc,
+            lambda i: WorkerSpec(index=i, hub=hub, ext_proc=ext_proc,
                                  openai=self.config.openai, log_level=level, http_listen=http,
-                                 http_max_body_bytes=self.config.http.max_body_bytes))
-        self.hub = Hub(picker, folder / "hub.sock", on_hello=self.workers.hello)
+                                 http_max_body_bytes=self.config.http.max_body_bytes),
+            command=command)
+        self.hub = Hub(picker, folder / "hub.sock", on_hello=self.workers.hello,
+                       ext_proc=self.config.ext_proc if native else None,
+                       openai=self.config.openai)
 
     def stop(self) -> None:
         if self._cancel is not None:

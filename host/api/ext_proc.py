@@ -177,6 +177,49 @@ def _immediate(error: OpenAIError) -> ep.ProcessingResponse:
     ))
 
 
+def too_large(limit: int) -> ep.ProcessingResponse:
+    """The request body is over ``[ext_proc] max_body_bytes``."""
+    return immediate(413, f"request body too large: over epick's limit of {limit} bytes "
+                     "([ext_proc] max_body_bytes)", "invalid_request_error")
+
+
+def not_buffered() -> ep.ProcessingResponse:
+    """BUFFERED mode, and the body did not fit in one message."""
+    return immediate(413, "request body too large for Envoy's buffer (in BUFFERED mode "
+                     "epick needs the whole body in one message; raise "
+                     "per_connection_buffer_limit_bytes or use FULL_DUPLEX_STREAMED)",
+                     "invalid_request_error")
+
+
+def bad_mode(mode: int) -> ep.ProcessingResponse:
+    """Envoy sends the request body in a mode epick cannot route in."""
+    name = _Mode.BodySendMode.Name(mode)
+    return immediate(500, f"epick ext_proc reads the request body before it routes, and "
+                     f"Envoy sends it in mode {name}: set processing_mode.request_body_mode "
+                     "to FULL_DUPLEX_STREAMED (upstream's mode) or BUFFERED", "server_error")
+
+
+def unexpected(kind: str | None) -> ep.ProcessingResponse:
+    return immediate(500, f"epick ext_proc: unexpected message {kind!r}", "server_error")
+
+
+def problem(what: str, svc: ExtProcService) -> list[ep.ProcessingResponse]:
+    """The immediate response for a refusal a native worker saw first (wire.PickHttp's
+    ``problem``), as this module writes it."""
+    if what == "too_large":
+        return [too_large(svc.config.max_body_bytes)]
+    if what == "not_buffered":
+        return [not_buffered()]
+    if what.startswith("mode:"):
+        return [bad_mode(int(what[5:]))]
+    return [unexpected(None)]
+
+
+def trailers_continue() -> ep.ProcessingResponse:
+    """The request trailers' answer (no mutation)."""
+    return ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
+
+
 def _streamed_message(kind: str, chunk: bytes, eos: bool) -> ep.ProcessingResponse:
     """A body chunk streamed back, as a message (what :func:`_streamed` encodes)."""
     body = ep.BodyResponse(response=ep.CommonResponse(body_mutation=ep.BodyMutation(
@@ -286,7 +329,7 @@ class _Stream:
     __slots__ = ("svc", "duplex", "response_mode", "headers", "chunks", "size", "subset",
                  "subset_error", "started", "decision", "status", "response_started",
                  "response_done", "served", "lb_metadata", "reported", "usage", "ended",
-                 "observed")
+                 "observed", "echo", "rewritten")
 
     def __init__(self, svc: ExtProcService, observed: bool = False) -> None:
         self.svc = svc
@@ -309,6 +352,11 @@ class _Stream:
         self.reported = False
         self.usage: UsageReader | None = None
         self.ended = False
+        #: Stream the body's own chunks back after routing (False: the native worker's
+        #: hub, whose worker echoes them itself).
+        self.echo = True
+        #: The routed body was rewritten (the chunks sent back are epick's, not Envoy's).
+        self.rewritten = False
 
     # -- dispatch -------------------------------------------------------------------
 
@@ -333,8 +381,7 @@ class _Stream:
         if kind == "response_trailers":
             self._response_end()
             return [ep.ProcessingResponse(response_trailers=ep.TrailersResponse())]
-        return self._end(immediate(500, f"epick ext_proc: unexpected message {kind!r}",
-                                   "server_error"))
+        return self._end(unexpected(kind))
 
     def _end(self, response: ep.ProcessingResponse) -> list[ep.ProcessingResponse]:
         self.ended = True
@@ -343,7 +390,7 @@ class _Stream:
     async def _route_trailers(self) -> list[ep.ProcessingResponse]:
         out = await self._route(end=False)
         if not self.ended:
-            out.append(ep.ProcessingResponse(request_trailers=ep.TrailersResponse()))
+            out.append(trailers_continue())
         return out
 
     # -- the request ------------------------------------------------------------------
@@ -359,11 +406,7 @@ class _Stream:
         if msg.request_headers.end_of_stream:
             return self._route(end=None)
         if mode != _DUPLEX and mode not in _BUFFERED:
-            name = _Mode.BodySendMode.Name(mode)
-            return self._end(immediate(
-                500, f"epick ext_proc reads the request body before it routes, and Envoy "
-                f"sends it in mode {name}: set processing_mode.request_body_mode to "
-                "FULL_DUPLEX_STREAMED (upstream's mode) or BUFFERED", "server_error"))
+            return self._end(bad_mode(mode))
         if self.duplex:
             return []  # the answer waits for the body: the destination depends on it
         return [ep.ProcessingResponse(request_headers=ep.HeadersResponse())]
@@ -372,16 +415,10 @@ class _Stream:
         limit = self.svc.config.max_body_bytes
         self.size += len(body.body)
         if self.size > limit:
-            return self._end(immediate(
-                413, f"request body too large: over epick's limit of {limit} bytes "
-                "([ext_proc] max_body_bytes)", "invalid_request_error"))
+            return self._end(too_large(limit))
         if not self.duplex:
             if not body.end_of_stream:
-                return self._end(immediate(
-                    413, "request body too large for Envoy's buffer (in BUFFERED mode epick "
-                    "needs the whole body in one message; raise "
-                    "per_connection_buffer_limit_bytes or use FULL_DUPLEX_STREAMED)",
-                    "invalid_request_error"))
+                return self._end(not_buffered())
             self.chunks.append(body.body)
             return self._route(end=True)
         self.chunks.append(body.body)
@@ -392,8 +429,19 @@ class _Stream:
     async def _route(self, *, end: bool | None) -> list[ep.ProcessingResponse]:
         """Decide; ``end``: None = body-less, True = the body ended, False = trailers
         follow the body."""
+        begun = self.route_begin(time.perf_counter())
+        if isinstance(begun, list):
+            return begun
+        t0, parsed, subset, selected, verdict = begun
+        if verdict is None:
+            verdict = await self.svc.decide(parsed.pick, subset=subset, started=t0)
+        return self.route_finish(verdict, parsed, selected, end)
+
+    def route_begin(self, t0: float):
+        """The request read (not decided): the answers when it ends here (a list), else
+        ``(t0, parsed, subset, selected, verdict)`` — ``verdict`` set when refused
+        already, else the pick is to decide. The native worker's hub calls it too."""
         svc = self.svc
-        t0 = time.perf_counter()
         if self.subset_error is not None:  # Envoy's configuration, not the client: a 500
             svc.decider.refuse(self.subset_error, started=t0)
             return self._end(immediate(500, f"epick ext_proc: {self.subset_error}",
@@ -407,9 +455,13 @@ class _Stream:
             parsed = translate_with(svc.openai, self.headers, self.headers.get(":path", "/"),
                                     raw or None)
         except Exception as exc:  # malformed (invalid), or a bug (error)
-            parsed, verdict = None, svc.decider.refuse(exc, started=t0)
-        else:
-            verdict = await svc.decide(parsed.pick, subset=subset, started=t0)
+            return t0, None, subset, selected, svc.decider.refuse(exc, started=t0)
+        return t0, parsed, subset, selected, None
+
+    def route_finish(self, verdict, parsed: OpenAIRequest | None, selected,
+                     end: bool | None) -> list[ep.ProcessingResponse]:
+        """The answers to a decided request (``route_begin``'s sequel)."""
+        svc = self.svc
         decision = verdict.decision
         if decision is None:
             if selected and verdict.outcome == "unavailable":
@@ -426,6 +478,7 @@ class _Stream:
                 remove_headers=[DESTINATION_HEADER]), clear_route_cache=True)
             return self._continue(common, None, None, end)
         self.decision = decision
+        self.rewritten = parsed.rewritten
 
         value = ",".join([decision.endpoint, *decision.fallbacks[:svc.config.fallbacks]])
         set_headers = [_header(DESTINATION_HEADER, value)]
@@ -457,7 +510,7 @@ class _Stream:
             # Stream the body back: Envoy forwards only what we return.
             chunks = ([parsed.body[i:i + CHUNK_BYTES]
                        for i in range(0, len(parsed.body), CHUNK_BYTES)] or [b""]
-                      if rewritten else self.chunks)
+                      if rewritten else self.chunks if self.echo else [])
             last = len(chunks) - 1
             out += [_streamed("request", c, end and i == last) for i, c in enumerate(chunks)]
         self.chunks = []

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["UsageReader"]
+__all__ = ["UsageReader", "tokens_from"]
 
 #: A partial SSE line longer than this is dropped (a line is one event; vLLM's are small).
 MAX_LINE_BYTES = 1 << 20
@@ -119,3 +119,20 @@ class UsageReader:
                 return
             if isinstance(doc, dict):
                 self.prompt_tokens, self.completion_tokens = _tokens(doc.get("usage"))
+
+
+def tokens_from(kind: str, parts: list[bytes]) -> tuple[int | None, int | None]:
+    """``(prompt_tokens, completion_tokens)`` from what a native front-end worker kept of
+    an answer, read with :class:`UsageReader`'s rules: ``kind`` ``"sse"``, ``parts`` the
+    payloads after ``data:`` of the lines naming ``"usage"`` (the last good one wins);
+    ``"json"``, ``parts`` the whole body."""
+    reader = UsageReader("application/json" if kind == "json" else "", 0.0,
+                         limit=1 << 62)
+    if kind == "json":
+        for part in parts:
+            reader.feed(part, 0.0)
+        reader.finish()
+    else:
+        for payload in parts:
+            reader._event(payload)
+    return reader.prompt_tokens, reader.completion_tokens

@@ -3,8 +3,8 @@ ext_proc body modes; and a load run of many concurrent streaming requests.
 
     epick bench envoy latency [--requests 2000] [--concurrency 1,8] [--workers 1]
     epick bench envoy load [--concurrent 500,1000] [--requests 2000] [--workers 1,2]
-                           [--modes buffered,streamed,observed]
-    epick bench envoy pick [--workers 1,2] [--requests 4000]
+                           [--modes buffered,streamed,observed] [--frontend python,native]
+    epick bench envoy pick [--workers 1,2] [--requests 4000] [--frontend python,native]
 
 Processes (all loopback): a replica (aiohttp, one process; answers at once, or streams
 SSE chunks), epick (``epick serve``, its own process: load, prefix-cache, lora-affinity),
@@ -23,14 +23,17 @@ three Envoys on the committed examples, and this process as the client:
 machine noise hits all alike; prints p50/p99 per path and what each mode adds over Envoy
 alone. ``load``: ``--concurrent`` streaming requests in flight at once (asyncio), each
 reading a whole SSE answer; per concurrency, Envoy alone first, then per epick worker
-count (``--workers``: ``[server] workers``, epick restarted for each) and body mode:
+count (``--workers``: ``[server] workers``, epick restarted for each; ``--frontend``:
+``[server] frontend``, each worker count run with each) and body mode:
 errors by source (epick's JSON answers vs Envoy's own local replies, client-side errors,
 cut streams), throughput and its ratio to Envoy alone, p50/p99, and the load average
 when the run ended. ``pick``: no Envoy: one epick per ``--workers`` value, all running at once, and one client
 thread sending unary gRPC Picks to each in turn in blocks of 200 (so noise hits all
 alike): p50/p99 per worker count and its ratio to the first (the Pick API stays in the
 service's process; this shows what the workers beside it cost the quiet case). Nothing is
-asserted; it reports.
+asserted; it reports. ``--frontend native`` needs ``make native`` (the C++ ext_proc worker);
+the observed mode is Python-only (the native worker refuses observer streams), so it is
+left out of native runs.
 
 Envoy runs through the Envoy tests' own harness (tests/envoy/envoy_harness.py: the
 committed examples, ports rewritten), so this runs from a git checkout with ``make envoy``.
@@ -116,12 +119,13 @@ def wait_port(port: int, what: str, timeout_s: float = 60) -> None:
     sys.exit(f"{what} did not listen on port {port} within {timeout_s} s")
 
 
-def start_epick(replica: str, work: Path, workers: int = 1, *, pick_port: int = 0
-                ) -> tuple[subprocess.Popen, int]:
+def start_epick(replica: str, work: Path, workers: int = 1, *, pick_port: int = 0,
+                frontend: str = "python") -> tuple[subprocess.Popen, int]:
     ext_proc = free_port()
-    conf = work / f"epick-{workers}.toml"
+    conf = work / f"epick-{frontend}-{workers}.toml"
     lines = ["version = 1", "[server]", f'listen = "127.0.0.1:{pick_port or free_port()}"',
-             'metrics_listen = ""', f"workers = {workers}", "[admin]", 'listen = ""', "[runtime]",
+             'metrics_listen = ""', f"workers = {workers}", f'frontend = "{frontend}"',
+             "[admin]", 'listen = ""', "[runtime]",
              f'cache_dir = "{work / "cache"}"', "[ext_proc]",
              f'listen = "127.0.0.1:{ext_proc}"', 'base_model = "base"', "[pool]",
              # One replica process serves every stream and its own /metrics: saturated,
@@ -285,15 +289,16 @@ async def load_one(url: str, concurrent: int, requests: int, *, model: str = "ba
             "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
-LOAD_HEADER = (f"{'workers':>7} {'mode':<9} {'conc':>5} {'ok':>5} {'epick':>5} {'envoy':>5} "
+LOAD_HEADER = (f"{'front':<6} {'workers':>7} {'mode':<9} {'conc':>5} {'ok':>5} {'epick':>5} {'envoy':>5} "
                f"{'client':>6} {'cut':>4} {'req/s':>7} {'x envoy':>7} {'p50 ms':>7} "
                f"{'p99 ms':>7} {'load':>5}")
 
 
-def _load_row(workers: str, name: str, conc: int, row: dict, base: float | None) -> str:
+def _load_row(workers: str, name: str, conc: int, row: dict, base: float | None,
+              frontend: str = "-") -> str:
     src = row["errors_by_source"]
     ratio = f"{row['req_per_s'] / base:.2f}" if base else "-"
-    return (f"{workers:>7} {name:<9} {conc:>5} {row['statuses'].get('200', 0):>5} "
+    return (f"{frontend:<6} {workers:>7} {name:<9} {conc:>5} {row['statuses'].get('200', 0):>5} "
             f"{src['epick']:>5} {src['envoy']:>5} {src['client']:>6} {src['cut']:>4} "
             f"{row['req_per_s']:>7} {ratio:>7} {row['p50_ms']:>7} {row['p99_ms']:>7} "
             f"{row['load_avg_1m']:>5}")
@@ -357,15 +362,17 @@ def run_load(args, replica: str, work: Path) -> dict:
     """Per worker count: epick and the mode Envoys started; per concurrency: Envoy alone,
     then each mode, back to back (so each ratio compares runs seconds apart)."""
     report = {"concurrent": args.concurrent, "requests": args.requests, "chunks": args.chunks,
-              "chunk_delay_s": args.chunk_delay, "modes": args.modes, "runs": []}
+              "chunk_delay_s": args.chunk_delay, "modes": args.modes,
+              "frontends": args.frontend, "runs": []}
     print(LOAD_HEADER)
     alone = envoys(free_port(), replica, ("envoy",))["envoy"]
     alone.start()
     try:
         wait_routing({"envoy": alone.url}, work)
-        for workers in args.workers:
-            epick, ext_proc = start_epick(replica, work, workers)
-            started = envoys(ext_proc, replica, args.modes)
+        for frontend, workers in [(f, w) for f in args.frontend for w in args.workers]:
+            epick, ext_proc = start_epick(replica, work, workers, frontend=frontend)
+            modes = [m for m in args.modes if frontend == "python" or m != "observed"]
+            started = envoys(ext_proc, replica, modes)
             try:
                 for e in started.values():
                     e.start()
@@ -377,10 +384,10 @@ def run_load(args, replica: str, work: Path) -> dict:
                     base = asyncio.run(load_one(alone.url, conc, requests))
                     base["envoy_cpu_ms_per_req"] = round(
                         (_cpu_s(alone.proc.pid) - cpu0) / requests * 1e3, 2)
-                    report["runs"].append({"workers": workers, "path": "envoy",
-                                           "concurrent": conc, **base})
+                    report["runs"].append({"frontend": frontend, "workers": workers,
+                                           "path": "envoy", "concurrent": conc, **base})
                     print(_load_row("-", "envoy", conc, base, None), flush=True)
-                    print(f"{'':>17} CPU ms per request: Envoy {base['envoy_cpu_ms_per_req']}",
+                    print(f"{'':>24} CPU ms per request: Envoy {base['envoy_cpu_ms_per_req']}",
                           flush=True)
                     for name, url in urls.items():
                         before = _ext_proc_stats(started[name])
@@ -395,17 +402,17 @@ def run_load(args, replica: str, work: Path) -> dict:
                         row["envoy_ext_proc"] = {k: after[k] - before.get(k, 0)
                                                  for k in after if after[k] != before.get(k, 0)}
                         row["x_envoy"] = round(row["req_per_s"] / base["req_per_s"], 3)
-                        report["runs"].append({"workers": workers, "path": name,
-                                               "concurrent": conc, **row})
-                        print(_load_row(str(workers), name, conc, row, base["req_per_s"]),
-                              flush=True)
-                        print(f"{'':>17} CPU ms per request: epick "
+                        report["runs"].append({"frontend": frontend, "workers": workers,
+                                               "path": name, "concurrent": conc, **row})
+                        print(_load_row(str(workers), name, conc, row, base["req_per_s"],
+                                        frontend), flush=True)
+                        print(f"{'':>24} CPU ms per request: epick "
                               f"{row['epick_cpu_ms_per_req']}, Envoy {row['envoy_cpu_ms_per_req']}",
                               flush=True)
                         for what, n in sorted(row["errors"].items(), key=lambda kv: -kv[1])[:3]:
-                            print(f"{'':>17} {n} x {what}")
+                            print(f"{'':>24} {n} x {what}")
                         if sum(row["errors_by_source"].values()):
-                            print(f"{'':>17} Envoy's ext_proc counters: {row['envoy_ext_proc']}")
+                            print(f"{'':>24} Envoy's ext_proc counters: {row['envoy_ext_proc']}")
             finally:
                 for e in started.values():
                     e.stop()
@@ -424,12 +431,15 @@ def run_pick(args, replica: str, work: Path) -> dict:
 
     procs, stubs, channels = {}, {}, []
     try:
-        for w in args.workers:
+        for frontend, w in [(f, w) for f in args.frontend for w in args.workers]:
             port = free_port()
-            procs[w], _ext = start_epick(replica, work, w, pick_port=port)
+            # A label per epick: the worker count, with the front end when several run.
+            key = w if len(args.frontend) == 1 else f"{frontend}/{w}"
+            procs[key], _ext = start_epick(replica, work, w, pick_port=port,
+                                           frontend=frontend)
             channel = grpc.insecure_channel(f"127.0.0.1:{port}")
             channels.append(channel)
-            stubs[w] = picker_pb2_grpc.EndpointPickerStub(channel)
+            stubs[key] = picker_pb2_grpc.EndpointPickerStub(channel)
         request = picker_pb2.PickRequest(model="base", prompt="You are a helpful assistant. "
                                          * 30 + "Say hi.")
         for w, stub in stubs.items():  # serving (policies loaded, a fresh scrape) + warm
@@ -444,7 +454,7 @@ def run_pick(args, replica: str, work: Path) -> dict:
                     time.sleep(0.2)
             for _ in range(200):
                 stub.Pick(request, timeout=5)
-        lat: dict[int, list[float]] = {w: [] for w in stubs}
+        lat: dict = {w: [] for w in stubs}
         per = max(200, args.requests // len(stubs))
         while min(len(x) for x in lat.values()) < per:
             for w, stub in stubs.items():
@@ -460,13 +470,13 @@ def run_pick(args, replica: str, work: Path) -> dict:
             p.wait(15)
     report = {"requests_each": per, "load_avg_1m": round(os.getloadavg()[0], 2), "runs": []}
     first = None
-    print(f"{'workers':>7} {'picks':>6} {'p50 us':>8} {'p99 us':>8} {'p50 / first':>11}")
+    print(f"{'workers':>9} {'picks':>6} {'p50 us':>8} {'p99 us':>8} {'p50 / first':>11}")
     for w, xs in lat.items():
         p50, p99 = (float(np.percentile(xs, q)) * 1e6 for q in (50, 99))
         first = first or p50
         report["runs"].append({"workers": w, "picks": len(xs), "p50_us": round(p50, 1),
                                "p99_us": round(p99, 1), "p50_ratio": round(p50 / first, 3)})
-        print(f"{w:>7} {len(xs):>6} {p50:>8.1f} {p99:>8.1f} {p50 / first:>11.3f}")
+        print(f"{w!s:>9} {len(xs):>6} {p50:>8.1f} {p99:>8.1f} {p50 / first:>11.3f}")
     print(f"# load average {report['load_avg_1m']}")
     return report
 
@@ -491,6 +501,10 @@ def main(argv: list[str] | None = None) -> int:
                     default=["buffered", "streamed"],
                     help="load: body modes through epick (buffered = envoy.yaml, streamed = "
                          "envoy-streaming.yaml, observed = envoy-observer.yaml)")
+    ap.add_argument("--frontend", type=lambda t: [f for f in t.split(",") if f],
+                    default=["python"],
+                    help="load, pick: epick's [server] frontend, a list (python, native: "
+                         "the C++ ext_proc worker, `make native`); each with every --workers")
     ap.add_argument("--chunks", type=int, default=None,
                     help="SSE events per streamed answer (latency 1, load 20)")
     ap.add_argument("--chunk-delay", type=float, default=0.02, help="seconds between events")
@@ -505,6 +519,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.modes) - {"buffered", "streamed", "observed"}
     if unknown:
         ap.error(f"--modes: unknown {', '.join(sorted(unknown))} (buffered, streamed, observed)")
+    unknown = set(args.frontend) - {"python", "native"}
+    if unknown:
+        ap.error(f"--frontend: unknown {', '.join(sorted(unknown))} (python, native)")
+    if "native" in args.frontend:
+        from epick.frontend.supervisor import native_binary
+
+        try:
+            native_binary()
+        except FileNotFoundError as exc:
+            ap.error(str(exc))
 
     work = Path(tempfile.mkdtemp(prefix="epick-bench-"))
     port = free_port()
@@ -522,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.what == "pick":
             report = run_pick(args, f"127.0.0.1:{port}", work)
         else:
-            epick, ext_proc = start_epick(f"127.0.0.1:{port}", work, args.workers[0])
+            epick, ext_proc = start_epick(f"127.0.0.1:{port}", work, args.workers[0],
+                                          frontend=args.frontend[0])
             started = envoys(ext_proc, f"127.0.0.1:{port}")
             try:
                 for e in started.values():

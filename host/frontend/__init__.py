@@ -12,6 +12,11 @@ one way, the verdict (endpoint, fallbacks, decision id, or the refusal) the othe
 completions and the workers' own refusals (a malformed body) go one way. Frames are
 msgpack (:mod:`epick.frontend.wire`). The service's process stays the only one that
 decides, so decisions are the same with one worker or many (tests/frontend/).
+
+``[server] frontend = "native"``: the workers are ``native/epick-extproc`` (C++, ``make
+native``) instead, serving ext_proc only. They send the request's headers and body
+(``PickHttp``); the hub reads and decides them with ext_proc.py's own code and answers
+with the serialized responses (``Routed``), so both front ends answer alike.
 """
 
 from epick.frontend.hub import Hub

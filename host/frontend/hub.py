@@ -33,6 +33,7 @@ from epick import abi
 from epick.api.decide import Decider, Verdict, outcome_of
 from epick.api.gen.epick.v1 import picker_pb2
 from epick.api.picker import PickerService, to_response
+from epick.api.usage import tokens_from
 from epick.api.weights import to_proto
 from epick.frontend import wire
 
@@ -73,6 +74,8 @@ class _Connection(asyncio.Protocol):
         for msg in messages:
             if type(msg) is wire.Pick:
                 self._pick(msg)
+            elif type(msg) is wire.PickHttp:
+                self._pick_http(msg)
             elif type(msg) is wire.Complete:
                 hub.complete(msg)
             elif type(msg) is wire.Refused:
@@ -106,6 +109,43 @@ class _Connection(asyncio.Protocol):
         else:
             self._answer(msg.id, verdict, msg.full)
 
+    def _pick_http(self, msg: wire.PickHttp) -> None:
+        """A native worker's request: read, decided and answered by ext_proc.py's own
+        stream code here, so the answer is the one the Python front end writes."""
+        from epick.api import ext_proc
+
+        hub = self.hub
+        service = hub.ext_proc_service()
+        stream = ext_proc._Stream(service)
+        stream.echo = False  # the worker streams the body's own chunks back
+        stream.duplex = msg.duplex
+        if msg.problem:
+            stream.ended = True
+            self.send(_routed(msg.id, stream, ext_proc.problem(msg.problem, service), -1))
+            return
+        stream.headers = msg.headers
+        stream.chunks = [msg.body] if msg.body else []
+        for raw in msg.metadata:
+            stream._read_metadata(ext_proc.base_pb2.Metadata.FromString(raw))
+        end = (None, True, False)[msg.end]
+        begun = stream.route_begin(hub.clock() - msg.elapsed_s)
+        if isinstance(begun, list):
+            self.send(_routed(msg.id, stream, begun, -1))
+            return
+        t0, parsed, subset, selected, verdict = begun
+        if verdict is None:
+            decider = hub.decider
+            if decider.flow is not None:  # flow control: the answer may have to wait
+                hub._own(self._routed_later(msg, stream, end, begun), self.waiting)
+                return
+            verdict = decider.decide(parsed.pick, subset=subset, started=t0)
+        self.send(_finish_route(msg, stream, end, verdict, parsed, selected))
+
+    async def _routed_later(self, msg: wire.PickHttp, stream, end, begun) -> None:
+        t0, parsed, subset, selected, _ = begun
+        verdict = await self.hub.decider.decide_async(parsed.pick, subset=subset, started=t0)
+        self.send(_finish_route(msg, stream, end, verdict, parsed, selected))
+
     async def _answer_later(self, id_: int, verdict, full: bool) -> None:
         self._answer(id_, await verdict, full)
 
@@ -127,6 +167,25 @@ class _Connection(asyncio.Protocol):
             self.transport.write(wire.frame(msg))
 
 
+def _finish_route(msg: wire.PickHttp, stream, end, verdict, parsed, selected) -> wire.Routed:
+    from epick.api.ext_proc import trailers_continue
+
+    out = stream.route_finish(verdict, parsed, selected, end)
+    if end is False and not stream.ended:  # ext_proc.py's _route_trailers
+        out.append(trailers_continue())
+    echo = 1 if msg.duplex and end is not None and not stream.ended and not stream.rewritten \
+        else -1
+    return _routed(msg.id, stream, out, echo)
+
+
+def _routed(id_: int, stream, out: list, echo_at: int) -> wire.Routed:
+    from epick.api.ext_proc import _serialize
+
+    d = stream.decision
+    return wire.Routed(id_, [_serialize(r) for r in out], echo_at, stream.ended,
+                       d.decision_id if d is not None else "", d.endpoint if d is not None else "")
+
+
 class Hub:
     """Serves the workers' connections on a Unix socket at ``path`` (``run``).
 
@@ -136,7 +195,8 @@ class Hub:
 
     def __init__(self, picker: PickerService, path: Path, *,
                  on_hello: Callable[[int, int], None] = lambda _w, _p: None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, ext_proc=None,
+                 openai=None) -> None:
         import time
 
         self.picker = picker
@@ -146,6 +206,10 @@ class Hub:
         self.on_hello = on_hello
         self.clock = clock or time.perf_counter
         self.serving = False
+        #: ``[ext_proc]`` and ``[openai]``: what native workers' requests are read with.
+        self.ext_proc = ext_proc
+        self.openai = openai
+        self._ext_proc_service = None
         self._connections: set[_Connection] = set()
         #: Every pick waiting in flow control (owned here; cancelled when the hub stops).
         self._tasks: set[asyncio.Task] = set()
@@ -157,6 +221,15 @@ class Hub:
             owner.add(task)
             task.add_done_callback(owner.discard)
         return task
+
+    def ext_proc_service(self):
+        """The ext_proc service native workers' streams are answered through (made once:
+        it loads the xds protos)."""
+        if self._ext_proc_service is None:
+            from epick.api.ext_proc import ExtProcService
+
+            self._ext_proc_service = ExtProcService(self.decider, self.ext_proc, self.openai)
+        return self._ext_proc_service
 
     @property
     def waiting(self) -> int:
@@ -197,10 +270,13 @@ class Hub:
 
     def complete(self, msg: wire.Complete) -> None:
         try:
+            prompt, completion = msg.prompt_tokens, msg.completion_tokens
+            if msg.usage_kind:  # a native worker's raw usage: read with the same rules
+                prompt, completion = tokens_from(msg.usage_kind, msg.usage)
             self.scheduler.complete(
                 decision_id=msg.decision_id, endpoint=msg.endpoint,
-                status=abi.CompletionStatus(msg.status), prompt_tokens=msg.prompt_tokens,
-                completion_tokens=msg.completion_tokens, ttft_s=msg.ttft_s)
+                status=abi.CompletionStatus(msg.status), prompt_tokens=prompt,
+                completion_tokens=completion, ttft_s=msg.ttft_s)
         except Exception:  # a bug, as in PickerService.answer_completion
             log.exception("a front-end worker's completion report failed")
 

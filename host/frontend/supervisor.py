@@ -8,15 +8,17 @@ SIGKILL after ``stop_grace_s``) and waits for it.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import anyio
 import msgspec
 
-__all__ = ["Workers", "WorkersDidNotStart"]
+__all__ = ["Workers", "WorkersDidNotStart", "native_binary"]
 
 log = logging.getLogger("epick.frontend")
 
@@ -26,6 +28,20 @@ RESTART_BACKOFF_S = (0.1, 5.0)
 HEALTHY_RUN_S = 10.0
 
 
+def native_binary() -> Path:
+    """The native ext_proc worker (``[server] frontend = "native"``): ``make native`` builds
+    it next to its source; ``EPICK_EXTPROC_BINARY`` names another. FileNotFoundError, saying
+    how to build it, when it is missing."""
+    path = Path(os.environ.get("EPICK_EXTPROC_BINARY")
+                or Path(__file__).parent / "native" / "epick-extproc")
+    if not os.access(path, os.X_OK):
+        raise FileNotFoundError(
+            f"[server] frontend = \"native\" needs the native ext_proc worker at {path}, "
+            "which is missing: build it with `make native` (Debian's libgrpc++-dev), or set "
+            "frontend = \"python\"")
+    return path
+
+
 class WorkersDidNotStart(RuntimeError):
     """Not every worker said hello within the start timeout: names which."""
 
@@ -33,11 +49,12 @@ class WorkersDidNotStart(RuntimeError):
 class Workers:
     """``count`` workers, each started from ``spec(index)`` (a msgspec Struct given to the
     worker on stdin). Call :meth:`hello` when worker ``index`` says it listens (the hub's
-    ``on_hello``)."""
+    ``on_hello``). ``command``: the argv every worker runs, or a function of the index
+    giving it (the native workers' settings are arguments)."""
 
     def __init__(self, count: int, spec: Callable[[int], msgspec.Struct], *,
                  start_timeout_s: float = 60.0, stop_grace_s: float = 5.0,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | Callable[[int], list[str]] | None = None) -> None:
         self.count = count
         self.spec = spec
         self.start_timeout_s = start_timeout_s
@@ -88,7 +105,8 @@ class Workers:
             backoff = min(backoff * 2, RESTART_BACKOFF_S[1])
 
     async def _run_once(self, index: int) -> int:
-        proc = await anyio.open_process(self.command, stdin=subprocess.PIPE, stdout=None,
+        command = self.command(index) if callable(self.command) else self.command
+        proc = await anyio.open_process(command, stdin=subprocess.PIPE, stdout=None,
                                         stderr=None)
         self.pids[index] = proc.pid
         try:

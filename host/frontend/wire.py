@@ -11,7 +11,7 @@ import struct
 import msgspec
 
 __all__ = ["Hello", "Pick", "Refused", "Complete", "Report", "Answer", "Health", "Ack",
-           "Tables", "TablesAnswer",
+           "Tables", "TablesAnswer", "PickHttp", "Routed",
            "ToHub", "ToWorker", "frame", "Frames"]
 
 _LEN = struct.Struct("<I")
@@ -56,6 +56,13 @@ class Complete(msgspec.Struct, tag=3, array_like=True):
     prompt_tokens: int | None
     completion_tokens: int | None
     ttft_s: float | None
+    usage_kind: str = ""
+    """The native worker's raw usage (it does not decode JSON): ``"sse"`` — ``usage`` holds
+    the payloads after ``data:`` of the answer's last lines naming ``"usage"``, in order —
+    or ``"json"`` — ``usage`` holds the whole JSON body; the hub reads the tokens from
+    them with :func:`epick.api.usage.tokens_from` (the Python reader's rules). ``""``: the
+    tokens above are the ones."""
+    usage: list[bytes] = []
 
 
 class Answer(msgspec.Struct, tag=4, array_like=True):
@@ -121,8 +128,45 @@ class TablesAnswer(msgspec.Struct, tag=9, array_like=True):
     message: str = ""
 
 
-ToHub = Hello | Pick | Refused | Complete | Report | Tables
-ToWorker = Answer | Health | Ack | TablesAnswer
+class PickHttp(msgspec.Struct, tag=10, array_like=True):
+    """native worker -> hub: route this ext_proc request (answered by a Routed). The hub
+    reads the body and writes the routing answer with ext_proc.py's own code, so the
+    native front end decides and answers as the Python one does."""
+
+    id: int
+    headers: dict[str, str]
+    """The request headers as ext_proc.py reads them (later duplicates win)."""
+    body: bytes
+    metadata: list[bytes]
+    """Each serialized ``metadata_context`` the stream carried before it routed, in order
+    (the subset hint is read from them)."""
+    end: int
+    """0: the request has no body; 1: the body ended; 2: trailers follow the body."""
+    duplex: bool
+    elapsed_s: float
+    problem: str = ""
+    """Not a pick: the refusal the worker saw first — ``too_large``, ``not_buffered``,
+    ``mode:<BodySendMode>``, ``unexpected`` — answered with the immediate response
+    ext_proc.py writes for it."""
+
+
+class Routed(msgspec.Struct, tag=11, array_like=True):
+    """hub -> native worker: the answer to PickHttp ``id``."""
+
+    id: int
+    responses: list[bytes]
+    """Serialized ``ProcessingResponse``s to send, in order."""
+    echo_at: int
+    """Where the worker streams the request body's own chunks back (index in
+    ``responses``; -1: it does not)."""
+    ended: bool
+    """An immediate response: the stream ends after it."""
+    decision_id: str = ""
+    endpoint: str = ""
+
+
+ToHub = Hello | Pick | Refused | Complete | Report | Tables | PickHttp
+ToWorker = Answer | Health | Ack | TablesAnswer | Routed
 
 _encoder = msgspec.msgpack.Encoder()
 

@@ -72,3 +72,18 @@ def test_usage_is_found_wherever_the_chunks_are_cut():
                 reader.feed(part, 1.0)
             reader.finish()
             assert (reader.prompt_tokens, reader.completion_tokens) == (7, 2), (cut, second)
+
+
+def test_tokens_from_a_native_workers_raw_usage_follow_the_readers_rules():
+    from epick.api.usage import tokens_from
+
+    good = b' {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}'
+    later = b'{"usage":{"prompt_tokens":7,"completion_tokens":3}}'
+    # The last good event wins; a malformed one or one without counts changes nothing.
+    assert tokens_from("sse", [good, later, b' {"usage": nope', b' {"usage":{}}']) == (7, 3)
+    assert tokens_from("sse", []) == (None, None)
+    assert tokens_from("sse", [b'{"usage":{"prompt_tokens":true,"completion_tokens":-1}}']) \
+        == (None, None)
+    body = b'{"id":"x","usage":{"prompt_tokens":11,"completion_tokens":4}}'
+    assert tokens_from("json", [body]) == (11, 4)
+    assert tokens_from("json", [b"{not json"]) == (None, None)

@@ -3,6 +3,7 @@
 Fixtures:
     replicas(n, page=..., **kw)   start n :class:`replica.Replica` (stopped at teardown)
     epick(addresses, **ext_proc)  a Service with the ext_proc server, on its own thread
+    native_epick(...)             the same, served by the native front end (`make native`)
     envoy(ext_proc_port, replicas, fail_open=False)   a committed example config, rewritten:
                                   every test that uses it runs twice, once per example
                                   (``envoy_mode``: buffered = envoy.yaml, streamed =
@@ -87,3 +88,19 @@ def envoy(envoy_mode) -> Iterator:
     yield start
     for e in started:
         e.stop()
+
+
+@pytest.fixture(scope="session")
+def native_binary():
+    from native import build_native
+
+    return build_native()
+
+
+@pytest.fixture
+def native_epick(epick, native_binary):
+    """The conftest's ``epick``, served by the native front end (one worker unless the
+    test asks for more)."""
+    def start(addresses, *, server=None, **kw):
+        return epick(addresses, server={**(server or {}), "frontend": "native"}, **kw)
+    return start

@@ -62,3 +62,30 @@ def test_tables_frames_round_trip():
     assert got == ask
     no = wire.TablesAnswer(9, [], "invalid", "bad name")
     assert wire.Frames(wire.ToWorker).feed(wire.frame(no)) == [no]
+
+
+def test_the_native_workers_frames_round_trip():
+    """PickHttp (a native worker's request) and Routed (the hub's answer), and Complete
+    with the raw usage a native worker sends."""
+    ask = wire.PickHttp(5, {":path": "/v1/completions", "x-a": "é"}, b'{"model":"m"}',
+                        [b"\x0a\x00"], 2, True, 0.001)
+    trouble = wire.PickHttp(6, {}, b"", [], 0, False, 0.0, "too_large")
+    done = wire.Complete("d-5", "10.0.0.1:8000", 0, None, None, 0.05, "sse",
+                         [b' {"usage":{"prompt_tokens":3}}'])
+    assert wire.Frames(wire.ToHub).feed(b"".join(
+        wire.frame(m) for m in (ask, trouble, done))) == [ask, trouble, done]
+    assert ask.problem == ""
+    routed = wire.Routed(5, [b"\x0a\x00", b"\x2a\x00"], 1, False, "d-5", "10.0.0.1:8000")
+    refused = wire.Routed(6, [b"\x3a\x00"], -1, True)
+    got = wire.Frames(wire.ToWorker).feed(wire.frame(routed) + wire.frame(refused))
+    assert got == [routed, refused] and got[1].decision_id == ""
+
+
+def test_a_complete_without_the_usage_fields_still_decodes():
+    """The Python worker's Complete (six positions) reads with no raw usage."""
+    import msgspec
+
+    short = msgspec.msgpack.encode([3, "d-1", "e", 1, 4, 5, None])
+    (got,) = wire.Frames(wire.ToHub).feed(len(short).to_bytes(4, "little") + short)
+    assert got == wire.Complete("d-1", "e", 1, 4, 5, None)
+    assert got.usage_kind == "" and got.usage == []

@@ -1,0 +1,211 @@
+"""Real Envoy (both committed examples: BUFFERED and FULL_DUPLEX_STREAMED) through the
+native front end: test_envoy_routing.py and test_envoy_failure_modes.py again with
+``[server] frontend = "native"`` — the right endpoint, answers passed through intact,
+usage and TTFT reported, errors with the Python front end's status and JSON body —
+plus what is the native front end's own."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import test_envoy_failure_modes
+import test_envoy_routing
+from native import collect
+
+collect(test_envoy_routing, globals())
+collect(test_envoy_failure_modes, globals())
+
+
+@pytest.fixture
+def epick(native_epick):
+    return native_epick
+
+
+# -- the native front end's own ---------------------------------------------------------
+
+import itertools  # noqa: E402
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import grpc  # noqa: E402
+import msgspec  # noqa: E402
+from epick_service import running, spy_complete  # noqa: E402
+from fakes import vllm_page  # noqa: E402
+from test_ext_proc_protocol import (  # noqa: E402
+    Mode,
+    body_msg,
+    converse,
+    duplex_headers,
+    headers_msg,
+    observing,
+    pending,
+    response_body_msg,
+    response_headers_msg,
+    wait_reported,
+)
+from test_frontend_workers import _alive, _kill_one_and_serve, _picks  # noqa: E402
+
+from epick import config as cfg  # noqa: E402
+from epick.api import validate  # noqa: E402
+
+
+def _exe(pid: int) -> str:
+    return Path(os.readlink(f"/proc/{pid}/exe")).name
+
+
+@pytest.fixture
+def seeded(monkeypatch):
+    """Every request's seed from one counter (the decision process fills missing seeds)."""
+    def reset():
+        counter = itertools.count(1)
+        monkeypatch.setattr(validate, "random_seed", lambda: next(counter))
+    return reset
+
+
+@pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "streamed"])
+def test_the_same_seeds_give_the_same_picks_with_python_and_native(epick, replicas, seeded,
+                                                                 native_binary, duplex):
+    pool = [r.address for r in replicas(3, vllm_page())]
+    runs = {}
+    for frontend in ("python", "native"):
+        seeded()
+        svc = epick(pool, policies=("load", "prefix-cache"),
+                    server={"frontend": frontend, "workers": 1})
+        if frontend == "native":  # really the C++ worker, and only it, on the port
+            (pid,) = svc.service.workers.pids.values()
+            assert _exe(pid) == "epick-extproc"
+        runs[frontend] = _picks(svc, duplex=duplex)
+        assert pending(svc) == 0
+    assert runs["python"] == runs["native"]
+    assert len(set(runs["python"])) > 1  # the picks vary, so agreeing means something
+
+
+SSE_SPLIT = [b'data: {"choices":[{"text":"a"}]}\n\ndata: {"choi', b'ces":[{"text":"b"}]}\n',
+             b'\ndata: {"choices":[],"usage":{"prompt_tokens":5,"comp',
+             b'letion_tokens":2}}\n\ndata: {"choices":[],"usage":{"prompt_tokens":9}} broken\n',
+             b"\ndata: [DONE]\n\n"]
+
+
+def _conversations():
+    """(name, messages, the answer's eos): what both front ends must answer alike."""
+    ask = {"model": "base", "prompt": "hello there", "stream": True}
+    return [
+        ("streamed, SSE cut mid-line, the last usage line malformed",
+         [duplex_headers(), body_msg(json.dumps(ask)[:9].encode(), eos=False),
+          body_msg(json.dumps(ask)[9:].encode(), eos=True),
+          response_headers_msg(ctype="text/event-stream"),
+          *[response_body_msg(c, eos=i == len(SSE_SPLIT) - 1) for i, c in enumerate(SSE_SPLIT)]]),
+        ("buffered, a JSON answer in two chunks",
+         [headers_msg(body_mode=Mode.BUFFERED, response_mode=Mode.BUFFERED),
+          body_msg({"model": "base", "prompt": "hi"}),
+          response_headers_msg(),
+          response_body_msg(b'{"id":"x","usage":{"prompt_tokens":4,'),
+          response_body_msg(b'"completion_tokens":1}}', eos=True)]),
+        ("streamed, a 500 answer",
+         [duplex_headers(), body_msg({"model": "base", "prompt": "x"}),
+          response_headers_msg(status="500"), response_body_msg(b"oops", eos=True)]),
+        ("streamed, a model rewrite",
+         [duplex_headers(), body_msg({"model": "chat", "prompt": "x"}),
+          response_headers_msg(), response_body_msg(b"{}", eos=True)]),
+        ("buffered, a malformed body", [headers_msg(), body_msg(b"{not json")]),
+        ("streamed, no such model", [duplex_headers(), body_msg({"model": "nope", "p": 1})]),
+    ]
+
+
+def _normal(responses, decision_ids) -> list[bytes]:
+    out = []
+    for r in responses:
+        raw = r.SerializeToString()
+        for d in decision_ids:
+            raw = raw.replace(d.encode(), b"<decision>")
+        out.append(raw)
+    return out
+
+
+def test_the_same_conversations_give_the_same_bytes_and_reports(epick, replicas, seeded,
+                                                                native_binary):
+    """Message by message, byte for byte (decision ids aside): the routing answers, the
+    streamed chunks, the errors; and the completion reports (status, usage; TTFT only
+    for SSE)."""
+    pool = [r.address for r in replicas(1, vllm_page())]
+    got = {}
+    for frontend in ("python", "native"):
+        seeded()
+        svc = epick(pool, server={"frontend": frontend}, model_rewrites={"chat": "base"})
+        seen = spy_complete(svc)
+        got[frontend] = []
+        for name, messages in _conversations():
+            before = len(seen)
+            out = converse(svc, messages)
+            wait_reported(svc)
+            reports = [(kw["status"], kw["prompt_tokens"], kw["completion_tokens"],
+                        kw["ttft_s"] is not None) for kw in seen[before:]]
+            ids = [kw["decision_id"] for kw in seen[before:]]
+            got[frontend].append((name, _normal(out, ids), reports))
+    for py, native in zip(got["python"], got["native"], strict=True):
+        assert py == native, py[0]
+    by_name = {name: reports for name, _, reports in got["native"]}
+    assert by_name["streamed, SSE cut mid-line, the last usage line malformed"] == [
+        (0, 5, 2, True)]
+    assert by_name["buffered, a JSON answer in two chunks"] == [(0, 4, 1, False)]
+    assert by_name["streamed, a 500 answer"] == [(1, None, None, False)]
+
+
+def test_an_observer_stream_is_refused_saying_which_front_end_serves_it(epick, replicas,
+                                                                      native_binary):
+    svc = epick([r.address for r in replicas(1, vllm_page())])
+    with pytest.raises(grpc.RpcError) as err:
+        converse(svc, [observing(headers_msg())])
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert 'frontend = "python"' in err.value.details()
+
+
+def _native_config(tmp_path, pool, workers: int) -> cfg.Config:
+    return msgspec.convert({
+        "version": 1, "server": {"listen": "127.0.0.1:0", "metrics_listen": "",
+                                 "workers": workers, "frontend": "native"},
+        "pool": {"scrape_interval_ms": 20, "stale_after_ms": 5000,
+                 "endpoints": [{"address": a} for a in pool]},
+        "policies": [{"name": "load", "module": "load"}],
+        "runtime": {"cache_dir": str(tmp_path / "cache")}, "admin": {"listen": ""},
+        "ext_proc": {"listen": "127.0.0.1:0", "base_model": "base"}}, cfg.Config)
+
+
+def test_native_workers_share_the_port_restart_when_killed_and_stop_with_the_service(
+        tmp_path, replicas, native_binary):
+    pool = [r.address for r in replicas(2, vllm_page())]
+    with running(_native_config(tmp_path, pool, 2)) as svc:
+        assert {_exe(p) for p in svc.service.workers.pids.values()} == {"epick-extproc"}
+        now = _kill_one_and_serve(svc, pool)
+    assert not any(_alive(p) for p in now.values()), "a native worker outlived the service"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_missing_native_binary_is_a_clear_error(tmp_path, replicas, monkeypatch):
+    monkeypatch.setenv("EPICK_EXTPROC_BINARY", str(tmp_path / "nowhere" / "epick-extproc"))
+    with pytest.raises(BaseException) as err:  # noqa: PT011 (a group: checked below)
+        with running(_native_config(tmp_path, [replicas(1, vllm_page())[0].address], 1)):
+            pass
+    assert err.group_contains(FileNotFoundError, match="make native")
+
+
+def test_with_flow_control_a_native_workers_request_is_decided_through_the_queue(
+        tmp_path, replicas, native_binary):
+    """Flow control on: the hub answers a native worker's request from a task (the pick
+    may wait), with the same answers."""
+    pool = [r.address for r in replicas(2, vllm_page())]
+    config = _native_config(tmp_path, pool, 1)
+    config = msgspec.structs.replace(config, flow_control=msgspec.structs.replace(
+        config.flow_control, enabled=True))
+    with running(config) as svc:
+        assert svc.service.hub.decider.flow is not None  # the queued path, below
+        seen = spy_complete(svc)
+        out = converse(svc, [duplex_headers(), body_msg({"model": "base", "prompt": "hi"}),
+                             response_headers_msg(), response_body_msg(b"{}", eos=True)])
+        assert out[0].request_headers.response.header_mutation.set_headers[0].header.key == (
+            "x-gateway-destination-endpoint")
+        wait_reported(svc)
+        assert [kw["status"] for kw in seen] == [0]
+        bad = converse(svc, [duplex_headers(), body_msg(b"{not json")])
+        assert bad[0].immediate_response.status.code == 400
