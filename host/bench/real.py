@@ -15,6 +15,7 @@ request list, open loop (arrivals at the workload's times, never waiting for ans
   tokenizing with the model's own tokenizer files;
 - ``epick-latency``: the defaults with the learning ``latency`` policy beside them (issue
   30): it learns each replica's TTFT from the completions the driver reports;
+  ``--latency-params '{"work_ktokens": 0.05}'`` gives that policy other params;
 - ``legacy-v1``: an ``epick serve`` running only the seed's v1 router (``legacy-v1``, a
   filter: the seed's multi-LoRA graduation criterion is "v2 >= v1" on real engines);
 - ``round-robin``; ``least-queue`` (fewest ``num_requests_waiting`` on a 50 ms scrape of
