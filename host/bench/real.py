@@ -15,6 +15,7 @@ request list, open loop (arrivals at the workload's times, never waiting for ans
   tokenizing with the model's own tokenizer files;
 - ``epick-latency``: the defaults with the learning ``latency`` policy beside them (issue
   30): it learns each replica's TTFT from the completions the driver reports;
+  ``--latency-params '{"work_ktokens": 0.05}'`` gives that policy other params;
 - ``legacy-v1``: an ``epick serve`` running only the seed's v1 router (``legacy-v1``, a
   filter: the seed's multi-LoRA graduation criterion is "v2 >= v1" on real engines);
 - ``round-robin``; ``least-queue`` (fewest ``num_requests_waiting`` on a 50 ms scrape of
@@ -296,7 +297,13 @@ async def _run_one(router: str, reqs, replicas, model: str, epick_target: str | 
     return res
 
 
-def _epick_config(fleet, router: str, path: Path) -> None:
+def _toml_value(v) -> str:
+    return json.dumps(v) if not isinstance(v, bool) else ("true" if v else "false")
+
+
+def _epick_config(fleet, router: str, path: Path,
+                  params: dict[str, dict] | None = None) -> None:
+    """``params``: policy name -> its params (``--latency-params`` sets ``latency``'s)."""
     precise = router == "epick-precise"
     lines = ["version = 1", "[server]", 'listen = "127.0.0.1:0"', 'metrics_listen = ""',
              "[admin]", 'listen = ""', "[pool]", "scrape_interval_ms = 50"]
@@ -309,12 +316,16 @@ def _epick_config(fleet, router: str, path: Path) -> None:
                       f'kv_replay = "{r.kv_replay_endpoint}"', f'kv_topic = "{r.kv_topic}"']
     for p in EPICK_POLICIES[router]:
         lines += ["[[policies]]", f'name = "{p}"', f'module = "{p}"']
+        if (params or {}).get(p):
+            table = ", ".join(f"{k} = {_toml_value(v)}" for k, v in params[p].items())
+            lines.append(f"params = {{ {table} }}")
     path.write_text("\n".join(lines) + "\n")
 
 
-def _start_epick(fleet, router: str, tmp: Path) -> tuple[subprocess.Popen, str]:
+def _start_epick(fleet, router: str, tmp: Path,
+                 params: dict[str, dict] | None = None) -> tuple[subprocess.Popen, str]:
     config = tmp / f"{router}.toml"
-    _epick_config(fleet, router, config)
+    _epick_config(fleet, router, config, params)
     proc = subprocess.Popen(
         [sys.executable, "-m", "epick.cli", "--log-level", "WARNING", "serve", "--config",
          str(config)], stdout=subprocess.PIPE, text=True)
@@ -347,7 +358,8 @@ async def _bench(args, fleet) -> list[RunResult]:
         try:
             for router in args.routers:
                 if router in EPICK_POLICIES:
-                    epicks[router] = _start_epick(fleet, router, Path(tmp))
+                    epicks[router] = _start_epick(fleet, router, Path(tmp),
+                                                  {"latency": args.latency_params})
             timeout = aiohttp.ClientTimeout(total=300)
             async with aiohttp.ClientSession(timeout=timeout) as http:
                 scraper = Scraper(fleet.replicas)
@@ -411,8 +423,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--foreign", type=float, default=0.0, metavar="F",
                     help="send this fraction of requests around the router, round-robin "
                          "(another router's traffic: only the engines' KV events show it)")
+    ap.add_argument("--latency-params", type=json.loads, default={}, metavar="JSON",
+                    help="params for the latency policy (epick-latency), a JSON object, "
+                         "e.g. '{\"work_ktokens\": 0.05}' (default: its defaults)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
+    if not isinstance(args.latency_params, dict):
+        ap.error("--latency-params must be a JSON object")
     for w in args.workloads:
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w!r}; expected one of {', '.join(WORKLOADS)}")

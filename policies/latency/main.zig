@@ -3,6 +3,8 @@
 //!
 //! Every endpoint has two recursive-least-squares models (RLS with forgetting factor λ):
 //!   TTFT (ms) ≈ θ · z,  z = overhead_ktokens + uncached/1000 + pending/1000
+//!                          + work_ktokens · work + (adapter_ktokens when the request's
+//!                            adapter is not listed on the endpoint)
 //!   TPOT (ms) ≈ φ · [1, work]
 //! where uncached = ctx.uncachedTokens(i) (the engines' KV events) or else the request's
 //! prompt_tokens, pending = the uncached tokens of the requests this policy saw picked
@@ -25,7 +27,12 @@
 //! pooled one; a completion with ≥ 2 output tokens and a known TTFT also gives a TPOT
 //! sample: (post timestamp − pre timestamp − TTFT) / (completion_tokens − 1).
 //! An endpoint's own model predicts once it has `min_samples` samples; before that the
-//! pooled model does (an endpoint's own model starts from the prior).
+//! pooled model does (an endpoint's own model starts from the prior). Its prediction fades
+//! into the pooled one as its last sample ages (`stale_ms`), and once a model has
+//! `min_samples` samples a TTFT sample counts at most `outlier_ratio` times (at least
+//! 1 / `outlier_ratio` of) its fitted value: on two CPU replicas one stalled request taught
+//! an endpoint to be slow, it was then not picked and never learnt otherwise (issue 30's
+//! real runs: 44 of 45 zero-hit requests on one replica at 2/s, 63 of 98 at 5/s).
 //!
 //! Score, t = max(predicted TTFT, 1 ms), p = max(predicted TPOT, 0.1 ms):
 //!   no SLO:            t_min / t over the candidates (the fastest 1.0)
@@ -86,6 +93,24 @@ pub const Params = struct {
     session_penalty_ms: f64 = 200.0,
     /// Sessions remembered; beyond it the first-seen is forgotten.
     max_sessions: i64 = 65536,
+    /// Each request the candidate has (`ctx.work(i)`: running, waiting, picks its page
+    /// does not show yet) adds this much prefill work, in thousands of tokens, to its
+    /// TTFT feature: a request in the engine slows every step a new one shares with it.
+    work_ktokens: f64 = 0.02,
+    /// A request for an adapter the candidate's page does not list (running or waiting)
+    /// adds this much work, in thousands of tokens: the adapter load it may cost.
+    adapter_ktokens: f64 = 1.0,
+    /// An endpoint's own TTFT coefficient fades into the pooled one as its last sample
+    /// ages: by e^(−age / stale_ms) (0 = never). An endpoint that stopped being picked
+    /// (it measured slow once, perhaps by an outlier) is otherwise judged forever on what
+    /// it measured then and never picked again to learn otherwise.
+    stale_ms: f64 = 20000.0,
+    /// Once a model has `min_samples` samples, a TTFT sample more than this many times its
+    /// fitted value (or less than its fitted value over this) counts as that bound (0 = no
+    /// bound): one outlier (a stalled client, a machine that went unscheduled) otherwise
+    /// moves a coefficient learnt from few samples several-fold. A real change still
+    /// shows, by this factor per sample.
+    outlier_ratio: f64 = 3.0,
 
     pub fn check(p: *const Params) sdk.Error!void {
         if (!(p.forgetting > 0.5 and p.forgetting <= 1.0)) return sdk.fail("param 'forgetting': {d} is not in (0.5, 1]", .{p.forgetting});
@@ -98,6 +123,10 @@ pub const Params = struct {
         if (!(p.session_penalty_ms >= 0 and p.session_penalty_ms < inf)) return sdk.fail("param 'session_penalty_ms': {d} must be a finite number >= 0", .{p.session_penalty_ms});
         if (p.max_sessions < 0 or p.max_sessions > 1 << 20) return sdk.fail("param 'max_sessions': {d} is not in [0, 1048576]", .{p.max_sessions});
         if (p.pending_ttl_ms < 1) return sdk.fail("param 'pending_ttl_ms': {d} must be >= 1", .{p.pending_ttl_ms});
+        if (!(p.work_ktokens >= 0 and p.work_ktokens < 1e6)) return sdk.fail("param 'work_ktokens': {d} is not in [0, 1000000)", .{p.work_ktokens});
+        if (!(p.adapter_ktokens >= 0 and p.adapter_ktokens < 1e6)) return sdk.fail("param 'adapter_ktokens': {d} is not in [0, 1000000)", .{p.adapter_ktokens});
+        if (!(p.outlier_ratio == 0 or (p.outlier_ratio >= 1 and p.outlier_ratio < inf))) return sdk.fail("param 'outlier_ratio': {d} must be 0 or a finite number >= 1", .{p.outlier_ratio});
+        if (!(p.stale_ms >= 0 and p.stale_ms < inf)) return sdk.fail("param 'stale_ms': {d} must be a finite number >= 0", .{p.stale_ms});
     }
 };
 
@@ -209,6 +238,9 @@ const Tpot = Rls(2);
 const Model = struct {
     ttft: Ttft,
     tpot: Tpot,
+    /// When its last TTFT sample came (the host's ms; 0 = none since this instance
+    /// started or imported it: not exported).
+    last_ms: i64 = 0,
 };
 
 const Features = struct {
@@ -362,8 +394,11 @@ fn features(ctx: *const sdk.ScoreCtx, i: usize, index: ?usize, ahead_by_model: [
     const tokens = uncached(ctx, i);
     const kilo: f64 = @as(f64, @floatFromInt(tokens)) / 1000.0;
     const ahead: i64 = if (index) |k| ahead_by_model[k] else 0;
+    const e = ctx.endpoint(i);
+    const adapter = ctx.request.adapter;
+    const miss: f64 = if (adapter.len > 0 and !e.isRunning(adapter) and !e.isWaiting(adapter)) cfg.adapter_ktokens else 0.0;
     return .{
-        .ttft = .{cfg.overhead_ktokens + kilo + @as(f64, @floatFromInt(ahead)) / 1000.0},
+        .ttft = .{cfg.overhead_ktokens + kilo + @as(f64, @floatFromInt(ahead)) / 1000.0 + cfg.work_ktokens * work + miss},
         .tpot = .{ 1, work },
         .tokens = tokens,
     };
@@ -377,6 +412,16 @@ fn modelFor(index: ?usize) *const Model {
         if (m.ttft.n >= cfg.min_samples) return m;
     }
     return &pooled;
+}
+
+/// The TTFT `m` predicts at `now`: its coefficient blended into the pooled one as its
+/// last sample ages (`stale_ms`).
+fn predictTtft(m: *const Model, x: *const [Ttft.dim]f64, now: i64) f64 {
+    const own = m.ttft.predict(x);
+    if (cfg.stale_ms == 0 or m == &pooled or m.last_ms == 0 or now <= m.last_ms) return own;
+    const age: f64 = @floatFromInt(now - m.last_ms);
+    const w = @exp(-age / cfg.stale_ms);
+    return w * own + (1.0 - w) * pooled.ttft.predict(x);
 }
 
 /// Within the SLO: 0.5 plus half the candidate's speed relative to the fastest (the
@@ -396,7 +441,8 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
     const p = try sdk.scratch().alloc(f64, out.len);
     var t_min: f64 = inf;
     var p_min: f64 = inf;
-    const load = try pendingLoad(@max(latest_ms, ctx.snapshot.timestamp_ms));
+    const now = @max(latest_ms, ctx.snapshot.timestamp_ms);
+    const load = try pendingLoad(now);
     const full = try sdk.scratch().alloc(bool, out.len);
     // Each candidate's model, looked up once (a string hash per lookup was most of this
     // policy's own time at 64 endpoints).
@@ -412,7 +458,7 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
         var f = features(ctx, i, index[i], load.ahead);
         const address = ctx.endpoint(i).address;
         const m = modelFor(index[i]);
-        const ti = m.ttft.predict(&f.ttft);
+        const ti = predictTtft(m, &f.ttft, now);
         const pi = m.tpot.predict(&f.tpot);
         t[i] = if (ti >= 1.0) ti else 1.0; // NaN too
         p[i] = if (pi >= 0.1) pi else 0.1;
@@ -565,8 +611,9 @@ pub fn postResponse(ev: *const sdk.PostResponse) sdk.Error!void {
     defer dropPending(index);
     if (ev.status != 0 or !(ev.ttft_ms >= 0) or !std.math.isFinite(ev.ttft_ms)) return;
     const m = try modelOf(rec.address);
-    m.ttft.update(&rec.f.ttft, ev.ttft_ms, cfg.forgetting);
-    pooled.ttft.update(&rec.f.ttft, ev.ttft_ms, cfg.forgetting);
+    m.ttft.update(&rec.f.ttft, bounded(&m.ttft, &rec.f.ttft, ev.ttft_ms), cfg.forgetting);
+    m.last_ms = @max(m.last_ms, ev.timestamp_ms);
+    pooled.ttft.update(&rec.f.ttft, bounded(&pooled.ttft, &rec.f.ttft, ev.ttft_ms), cfg.forgetting);
     if (ev.completion_tokens >= 2 and ev.timestamp_ms > rec.at_ms) {
         const e2e: f64 = @floatFromInt(ev.timestamp_ms - rec.at_ms);
         const tpot = (e2e - ev.ttft_ms) / @as(f64, @floatFromInt(ev.completion_tokens - 1));
@@ -575,6 +622,15 @@ pub fn postResponse(ev: *const sdk.PostResponse) sdk.Error!void {
             pooled.tpot.update(&rec.f.tpot, tpot, cfg.forgetting);
         }
     }
+}
+
+/// A TTFT sample within `outlier_ratio` of what model `m` fits for `x` (once `m` has
+/// `min_samples` samples and fits a positive value).
+fn bounded(m: *const Ttft, x: *const [Ttft.dim]f64, y: f64) f64 {
+    if (cfg.outlier_ratio == 0 or m.n < @max(cfg.min_samples, 1)) return y;
+    const fit = m.fitted(x);
+    if (!(fit > 0)) return y;
+    return std.math.clamp(y, fit / cfg.outlier_ratio, fit * cfg.outlier_ratio);
 }
 
 pub fn exportState(w: *sdk.Writer) sdk.Error!void {
