@@ -104,3 +104,17 @@ def native_epick(epick, native_binary):
     def start(addresses, *, server=None, **kw):
         return epick(addresses, server={**(server or {}), "frontend": "native"}, **kw)
     return start
+
+
+@pytest.fixture
+def seeded(monkeypatch):
+    """Every request's seed from one counter (the decision process fills missing seeds):
+    call it before each run whose picks are compared."""
+    import itertools
+
+    from epick.api import validate
+
+    def reset():
+        counter = itertools.count(1)
+        monkeypatch.setattr(validate, "random_seed", lambda: next(counter))
+    return reset

@@ -8,7 +8,6 @@ go when the service stops.
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import time
@@ -38,7 +37,6 @@ from test_ext_proc_protocol import (
 )
 
 from epick import config as cfg
-from epick.api import validate
 
 PROMPTS = [f"{'shared system prompt ' * (i % 3 + 1)} question {i}" for i in range(24)]
 
@@ -86,15 +84,6 @@ def _picks(svc, *, duplex: bool) -> list[str]:
             out.append(_stream_once(stub, prompt, duplex=duplex))
             wait_reported(svc)  # the completion is in before the next pick (same state)
     return out
-
-
-@pytest.fixture
-def seeded(monkeypatch):
-    """Every request's seed from one counter (the decision process fills missing seeds)."""
-    def reset():
-        counter = itertools.count(1)
-        monkeypatch.setattr(validate, "random_seed", lambda: next(counter))
-    return reset
 
 
 @pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "streamed"])

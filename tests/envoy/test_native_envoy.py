@@ -24,7 +24,6 @@ def epick(native_epick):
 
 # -- the native front end's own ---------------------------------------------------------
 
-import itertools  # noqa: E402
 import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -47,20 +46,10 @@ from test_ext_proc_protocol import (  # noqa: E402
 from test_frontend_workers import _alive, _kill_one_and_serve, _picks  # noqa: E402
 
 from epick import config as cfg  # noqa: E402
-from epick.api import validate  # noqa: E402
 
 
 def _exe(pid: int) -> str:
     return Path(os.readlink(f"/proc/{pid}/exe")).name
-
-
-@pytest.fixture
-def seeded(monkeypatch):
-    """Every request's seed from one counter (the decision process fills missing seeds)."""
-    def reset():
-        counter = itertools.count(1)
-        monkeypatch.setattr(validate, "random_seed", lambda: next(counter))
-    return reset
 
 
 @pytest.mark.parametrize("duplex", [False, True], ids=["buffered", "streamed"])
