@@ -23,8 +23,11 @@ def score(inst, candidates, **request) -> np.ndarray:
     return inst.score(blob, len(candidates))
 
 
-def teach(inst, n: int, *, seed: int = 1, noise: float = 0.10) -> None:
-    """n completions per endpoint: TTFT = θ · (0.5 + tokens/1000) · (1 ± noise)."""
+def teach(inst, n: int, *, seed: int = 1, noise: float = 0.10, stall_rate: float = 0.0,
+          stall_factor: float = 6.0) -> None:
+    """n completions per endpoint: TTFT = θ · (0.5 + tokens/1000) · (1 ± noise); a share
+    ``stall_rate`` of them reported ``stall_factor`` times too long (a request that
+    stalled on a shared machine)."""
     rng = random.Random(seed)
     t = 1000
     for i in range(2 * n):
@@ -37,6 +40,8 @@ def teach(inst, n: int, *, seed: int = 1, noise: float = 0.10) -> None:
             endpoint=POOL.endpoints[k].address, timestamp_ms=t)))
         ttft = TRUE_MS_PER_KTOKEN[k] * (OVERHEAD_KTOKENS + tokens / 1000)
         ttft *= 1 + rng.uniform(-noise, noise)
+        if stall_rate and rng.random() < stall_rate:
+            ttft *= stall_factor
         t += 10
         inst.post_response(abi.encoder.encode(abi.PostResponseEvent(
             request_id=rid, endpoint=POOL.endpoints[k].address, timestamp_ms=t,
@@ -127,30 +132,6 @@ def test_a_state_from_before_sessions_is_accepted(policy):
     assert new.export_state() == old.export_state()
 
 
-def teach_with_stalls(inst, n: int, *, seed: int = 3, rate: float = 0.05,
-                      factor: float = 6.0) -> None:
-    """As ``teach``, with a share ``rate`` of the TTFTs reported ``factor`` times too long
-    (a request that stalled on a shared machine)."""
-    rng = random.Random(seed)
-    t = 1000
-    for i in range(2 * n):
-        k = i % 2
-        tokens = rng.randint(100, 3000)
-        rid = f"r{i}"
-        score(inst, [k], request_id=rid, prompt_tokens=tokens)
-        inst.pre_request(abi.encoder.encode(abi.PreRequestEvent(
-            request=abi.Request(request_id=rid, prompt_tokens=tokens),
-            endpoint=POOL.endpoints[k].address, timestamp_ms=t)))
-        ttft = TRUE_MS_PER_KTOKEN[k] * (OVERHEAD_KTOKENS + tokens / 1000)
-        ttft *= 1 + rng.uniform(-0.1, 0.1)
-        if rng.random() < rate:
-            ttft *= factor
-        t += 10
-        inst.post_response(abi.encoder.encode(abi.PostResponseEvent(
-            request_id=rid, endpoint=POOL.endpoints[k].address, timestamp_ms=t,
-            ttft_ms=ttft, completion_tokens=1)))
-
-
 def worst_error(inst) -> float:
     got = coefficients(inst)
     return max(abs(got["fast:1"] / 60.0 - 1), abs(got["slow:1"] / 400.0 - 1))
@@ -163,8 +144,8 @@ def test_stalled_samples_move_the_learnt_cost_half_as_much(policy):
     bounded, free = [], []
     for seed in range(1, 21):
         a, b = policy("latency"), policy("latency", outlier_ratio=0.0)
-        teach_with_stalls(a, 100, seed=seed)
-        teach_with_stalls(b, 100, seed=seed)
+        teach(a, 100, seed=seed, stall_rate=0.05)
+        teach(b, 100, seed=seed, stall_rate=0.05)
         bounded.append(worst_error(a))
         free.append(worst_error(b))
     assert float(np.median(bounded)) < 0.20
