@@ -596,8 +596,6 @@ class _Stream:
             return
         self.reported = True
         _complete(self.svc, d.decision_id, self.served or d.endpoint, status, self.usage)
-        if self.svc.on_complete is not None:
-            self.svc.on_complete(d, status, self.usage)
 
     def finish(self) -> None:
         """The stream ended (Envoy closes it when the HTTP stream is done): report once."""
@@ -711,16 +709,11 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
     """Serves ``Process`` streams through ``decider`` (the pick path every front end
     shares) on the event-loop thread, reading requests with the ``openai`` settings.
 
-    ``on_complete(decision, status, usage)`` (optional) sees every completion a routing
-    stream reports (with the :class:`UsageReader`, or ``None`` when no body was read); an
-    observer stream's reports (which know only the decision id) go to the scheduler alone.
-
     ``decider`` is the service's :class:`Decider` (called synchronously), or a remote one
     (a front-end worker's: ``decide_async``, ``refuse`` and ``complete``).
     """
 
-    def __init__(self, decider: Decider, config: ExtProcConfig, openai: OpenAIConfig, *,
-                 on_complete=None) -> None:
+    def __init__(self, decider: Decider, config: ExtProcConfig, openai: OpenAIConfig) -> None:
         if not openai.base_model:
             raise ValueError("ExtProcService needs a base model (openai.base_model)")
         self.decider = decider
@@ -728,7 +721,6 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         self.decide = getattr(decider, "decide_async", None) or _awaitable(decider.decide)
         self.config = config
         self.openai = openai
-        self.on_complete = on_complete
 
     async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest],
                       context) -> AsyncIterator[ep.ProcessingResponse]:
@@ -774,7 +766,7 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
 
 
 def build_server(decider: Decider, config: ExtProcConfig, openai: OpenAIConfig, *,
-                 health=None, on_complete=None, reuse_port: bool = False
+                 health=None, reuse_port: bool = False
                  ) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server (not started) serving ext_proc (and ``health``, if given) on
     ``config.listen``; returns it and the bound port. Raises OSError if it cannot bind.
@@ -788,7 +780,7 @@ def build_server(decider: Decider, config: ExtProcConfig, openai: OpenAIConfig, 
                                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                       *PENDING_CALLS_OPTIONS])
     # The generated registration, with a serializer that also takes pre-encoded bytes.
-    service = ExtProcService(decider, config, openai, on_complete=on_complete)
+    service = ExtProcService(decider, config, openai)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, {
         "Process": grpc.stream_stream_rpc_method_handler(
             service.Process, request_deserializer=ep.ProcessingRequest.FromString,
