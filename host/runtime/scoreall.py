@@ -1,0 +1,238 @@
+"""One C call for all of a pick's scorers (docs/performance.md, "Fifth round").
+
+:func:`score_all` is :class:`~epick.runtime.WasmPolicy`'s ``score_group``: the scheduler
+hands it every live scorer of a pick when they are all WasmPolicies, and it runs their
+``score`` calls in one call into ``libepick_scoreall.so`` (``make native`` builds it
+from ``native/epick_scoreall.c``) instead of one Python call stack per policy. The C loop
+writes the score frame (and each instance's carried pre_request event) into each guest,
+calls each ``score`` with its own fuel and epoch deadline, checks and reads the scores
+back, and sums ``weight × score`` in the scorers' order: the same floats the
+scheduler's numpy loop makes.
+
+What it does not do, Python does, with the same code as the one-policy path:
+
+- **Before any call**, every scorer must be plainly callable: its breaker closed, its
+  instance live, its snapshot delivered (resident policies), its buffers big enough, no
+  failure left to report. Otherwise :func:`score_all` returns ``None`` and the scheduler
+  runs the per-policy path for this pick (which grows buffers, feeds snapshots, admits
+  half-open trials, recovers instances): nothing was called, so nothing differs.
+- **After the loop**, a scorer that did not come back clean (a trap, running out of fuel,
+  the epoch deadline, a non-zero status, a carried event's failure, a score missing or
+  out of range) is finished by :meth:`PolicyInstance.native_score_finish` and
+  :meth:`WasmPolicy.native_finish`: the trap is in that function's own trap slot and the
+  scores in the guest's output slots, so the same exceptions, breaker outcomes, stats,
+  retries and clamping follow as on the Python path; its totals are then summed by the
+  scheduler's loop.
+
+Without the library (a wheel installed with pip, no C compiler) or with
+``EPICK_SCORE_NATIVE=0`` in the environment, :data:`enabled` is False and every pick takes
+the Python path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from wasmtime import _ffi as ffi
+
+from epick.interfaces import Cycle, PluginError
+from epick.runtime import frame as _frames
+from epick.runtime._guest import LAYOUT, GuestFunc
+from epick.runtime.instance import NATIVE_OK
+
+__all__ = ["score_all", "enabled", "available", "LIBRARY"]
+
+#: Where ``make native`` puts the library.
+LIBRARY = Path(__file__).with_name("native") / "libepick_scoreall.so"
+
+_vp, _u64 = ctypes.c_void_p, ctypes.c_uint64
+_perf_ns = time.perf_counter_ns
+
+
+class _Fns(ctypes.Structure):
+    _fields_ = [("call", _vp), ("set_deadline", _vp), ("set_fuel", _vp), ("mem_data", _vp),
+                ("mem_size", _vp)]
+
+
+class _Func(ctypes.Structure):
+    _fields_ = [("func", _vp), ("args", _vp), ("trap", _vp), ("nargs", _u64), ("fuel", _u64),
+                ("ticks", _u64)]
+
+
+class _Scorer(ctypes.Structure):
+    _fields_ = [("ctx", _vp), ("mem", _vp), ("plain", _Func), ("carrying", _Func),
+                ("in_ptr", _u64), ("in_cap", _u64), ("out_ptr", _u64), ("out_slots", _u64),
+                ("frame", _u64), ("event_at", _u64), ("weight", ctypes.c_double)]
+
+
+def _load() -> Any:
+    if not LIBRARY.exists():
+        return None
+    try:
+        lib = ctypes.CDLL(str(LIBRARY))  # CDLL: the GIL is released for the whole loop
+    except OSError:
+        return None
+    fn = lib.epick_score_all
+    fn.restype = ctypes.c_int
+    fn.argtypes = [_vp, _vp, ctypes.c_int, ctypes.c_char_p, _u64, ctypes.c_char_p, _u64,
+                   ctypes.c_char_p, _vp, _u64, _vp, _vp]
+    return fn
+
+
+_call = _load()
+_fns = _Fns()
+if _call is not None:
+    def _addr(name: str) -> int:
+        return ctypes.cast(getattr(ffi.dll, name), _vp).value  # type: ignore[return-value]
+
+    _fns.call = _addr("wasmtime_func_call_unchecked")
+    _fns.set_deadline = _addr("wasmtime_context_set_epoch_deadline")
+    _fns.set_fuel = _addr("wasmtime_context_set_fuel")
+    _fns.mem_data = _addr("wasmtime_memory_data")
+    _fns.mem_size = _addr("wasmtime_memory_data_size")
+_fns_ptr = _vp(ctypes.addressof(_fns))
+
+#: The library loaded (``make native`` built it).
+available: bool = _call is not None
+#: Picks use it (tests and benchmarks turn it off to compare; ``EPICK_SCORE_NATIVE=0``).
+enabled: bool = available and os.environ.get("EPICK_SCORE_NATIVE", "1") != "0"
+
+
+def _func(dst: _Func, f: GuestFunc | None) -> None:
+    if f is None:
+        return
+    dst.func, dst.args, dst.trap = f._fptr, f._aptr, f._tptr
+    dst.nargs, dst.fuel, dst.ticks = f._nargs, f.fuel, f.ticks
+
+
+class _Plan:
+    """What the C loop keeps of one set of scorers and their instances."""
+
+    __slots__ = ("key", "layout", "k", "table", "table_ptr", "frames", "ev_lens",
+                 "ev_ptr", "staging", "staging_ptr", "cap", "results", "results_ptr")
+
+    def __init__(self, key: tuple, entries: tuple, insts: list) -> None:
+        from epick.abi import FRAME_EVENT_LEN_AT
+
+        self.key = key
+        self.layout = LAYOUT[0]
+        k = self.k = len(entries)
+        table = self.table = (_Scorer * k)()
+        self.frames = tuple(bool(e.plugin._resident) for e in entries)
+        for i, (e, inst) in enumerate(zip(entries, insts)):
+            row = table[i]
+            row.ctx = inst._memory._ctx
+            row.mem = inst._memory._mem
+            _func(row.plain, inst._score)
+            _func(row.carrying, inst._score_ev)
+            row.in_ptr, row.in_cap = inst._in_ptr, inst._in_cap
+            row.out_ptr, row.out_slots = inst._out_ptr, inst._out_slots
+            row.frame = int(self.frames[i])
+            row.event_at = FRAME_EVENT_LEN_AT
+            row.weight = float(e.weight)
+        self.table_ptr = _vp(ctypes.addressof(table))
+        self.ev_lens = (ctypes.c_uint32 * k)()
+        self.ev_ptr = _vp(ctypes.addressof(self.ev_lens))
+        self.results = np.zeros(3 * k, dtype=np.int64)
+        self.results_ptr = _vp(self.results.ctypes.data)
+        self.cap = 0
+        self.staging = np.empty(0)
+        self.staging_ptr = _vp(0)
+
+    def room(self, n: int) -> None:
+        if n > self.cap:
+            self.cap = max(n, 2 * self.cap, 64)
+            self.staging = np.empty((self.k + 1) * self.cap)
+            self.staging_ptr = _vp(self.staging.ctypes.data)
+
+
+_plan: _Plan | None = None
+
+
+def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...]
+              ) -> tuple[np.ndarray | None, list, list] | None:
+    """Score ``candidates`` with every entry of ``entries`` (WasmPolicies, in order).
+
+    Returns ``(totals, results, ns)``: per entry its scores (finite, in [0, 1]) or the
+    :class:`PluginError` it failed with, and the ns its call took (``None`` if it
+    failed); ``totals`` is Σ weight × scores when every entry succeeded on the clean
+    path, else ``None`` (the caller sums). ``None`` when the pick must take the Python
+    path (see the module docstring): nothing was called then.
+    """
+    global _plan
+    n = len(candidates)
+    if not enabled or n == 0:
+        return None
+    view = cycle.view
+    insts = []
+    for e in entries:
+        p = e.plugin
+        inst = p.supervisor._inst
+        if inst is None or not p._v2 or p._score_breaker.state != "closed":
+            return None
+        if p._resident and (view is not p._fed_view or inst is not p._fed_inst):
+            return None  # a new snapshot to deliver first: the Python path does it
+        insts.append(inst)
+    plan = _plan
+    key = (entries, *insts)
+    if plan is None or plan.layout != LAYOUT[0] or plan.key != key:
+        plan = _plan = _Plan(key, entries, insts)
+    frame_a = frame_b = b""
+    frames = plan.frames
+    if False in frames:
+        frame_a = _frames.frame_for(cycle, candidates, inline_snapshot=True)
+    if True in frames:
+        frame_b = _frames.frame_for(cycle, candidates, inline_snapshot=False)
+    # Take every instance (lock, carried event), or none.
+    events: list = []
+    ev_lens = plan.ev_lens
+    for i, inst in enumerate(insts):
+        ev = inst.native_score_begin(len(frame_b if frames[i] else frame_a), n)
+        if ev is False:
+            for j in range(i):
+                insts[j].native_score_abort(events[j])
+            return None
+        events.append(ev)
+        ev_lens[i] = 0 if ev is None else len(ev)
+    plan.room(n)
+    t_start = _perf_ns()
+    joined = b"".join([ev for ev in events if ev is not None])
+    bad = _call(_fns_ptr, plan.table_ptr, plan.k, frame_a, len(frame_a), frame_b,
+                len(frame_b), joined, plan.ev_ptr, n, plan.staging_ptr, plan.results_ptr)
+    if bad < 0:  # a buffer outside memory (cannot happen: checked above): nothing ran
+        for inst, ev in zip(insts, events):
+            inst.native_score_abort(ev)
+        _plan = None
+        return None
+    k = plan.k
+    block = plan.staging[:(k + 1) * n].copy()
+    res = plan.results.tolist()
+    results: list = []
+    ns: list = []
+    t0 = t_start
+    for i, e in enumerate(entries):
+        code, aux, took = res[3 * i], res[3 * i + 1], res[3 * i + 2]
+        inst, p = insts[i], e.plugin
+        if code == NATIVE_OK:
+            inst.native_score_end()
+            p.stats.succeeded(took)
+            p._score_breaker.success()
+            results.append(block[i * n:(i + 1) * n])
+            ns.append(took)
+        else:
+            size = len(frame_b if frames[i] else frame_a)
+            t_fix = _perf_ns()
+            try:
+                results.append(p.native_finish(inst, code, aux, events[i], size, n, t0,
+                                               cycle, candidates))
+                ns.append(took + _perf_ns() - t_fix)
+            except PluginError as exc:
+                results.append(exc)
+                ns.append(None)
+        t0 += took
+    return (block[k * n:] if not bad else None), results, ns
