@@ -282,34 +282,6 @@ class PolicyInstance:
 
     # -- the native loop (epick.runtime.scoreall) ------------------------------------------
 
-    def native_score_begin(self, frame_len: int, n: int) -> bytes | None | bool:
-        """Take this instance for a ``score`` call the native loop makes: ``False`` when
-        it cannot (busy, ticker stopped, a buffer to grow, a failure to report first:
-        the Python path then runs, nothing was called), else the pending event it will
-        carry (``None``: none), taken off the instance. The lock stays held until
-        :meth:`native_score_end` or :meth:`native_score_finish`."""
-        pending = self._pending
-        need = frame_len if pending is None else frame_len + len(pending)
-        if (need > self._in_cap or n >= self._out_slots or not self._ticking.running
-                or self.deferred_failure is not None or self._store is None):
-            return False
-        if pending is not None and self._score_ev is None:
-            return False
-        if not self._lock.acquire(False):
-            return False
-        self._pending = None
-        return pending
-
-    def native_score_end(self) -> None:
-        """The native loop's call came back clean: release the instance."""
-        self._lock.release()
-
-    def native_score_abort(self, event: bytes | None) -> None:
-        """The native loop called nothing after all: give the event back, release."""
-        if event is not None:
-            self._pending = event
-        self._lock.release()
-
     def native_score_finish(self, code: int, aux: int, event: bytes | None, size: int,
                             n: int) -> tuple[np.ndarray, bool]:
         """Finish a ``score`` call the native loop made but did not find clean, with the

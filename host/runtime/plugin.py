@@ -132,10 +132,11 @@ class WasmPolicy:
         self._hook_breakers = {stage: self.supervisor.breaker(stage)
                                for stage in ("pre_request", "post_response")}
         self._pre_breaker = self._hook_breakers["pre_request"]
-
-    #: The scheduler's one call for all of a pick's scorers when every one is a
-    #: WasmPolicy (epick.interfaces.plugins, "score_group"): the native loop.
-    score_group = staticmethod(_scoreall.score_all)
+        #: The scheduler's one call for all of a pick's scorers when every one has it
+        #: (epick.interfaces.plugins, "score_group"): the native loop. Not for a subclass
+        #: that overrides score: the loop would bypass it.
+        self.score_group = (_scoreall.score_all if type(self).score is WasmPolicy.score
+                            else None)
 
     def __repr__(self) -> str:
         return f"<WasmPolicy {self.name!r} module={self.module.name!r} breaker={self.breaker_state}>"

@@ -45,7 +45,7 @@ from epick.runtime import frame as _frames
 from epick.runtime._guest import LAYOUT, GuestFunc
 from epick.runtime.instance import NATIVE_OK
 
-__all__ = ["score_all", "enabled", "available", "LIBRARY"]
+__all__ = ["score_all", "use_library", "enabled", "available", "LIBRARY"]
 
 #: Where ``make native`` puts the library.
 LIBRARY = Path(__file__).with_name("native") / "libepick_scoreall.so"
@@ -70,11 +70,11 @@ class _Scorer(ctypes.Structure):
                 ("frame", _u64), ("event_at", _u64), ("weight", ctypes.c_double)]
 
 
-def _load() -> Any:
-    if not LIBRARY.exists():
+def _load(path: Path) -> Any:
+    if not path.exists():
         return None
     try:
-        lib = ctypes.CDLL(str(LIBRARY))  # CDLL: the GIL is released for the whole loop
+        lib = ctypes.CDLL(str(path))  # CDLL: the GIL is released for the whole loop
     except OSError:
         return None
     fn = lib.epick_score_all
@@ -84,23 +84,34 @@ def _load() -> Any:
     return fn
 
 
-_call = _load()
-_fns = _Fns()
-if _call is not None:
-    def _addr(name: str) -> int:
-        return ctypes.cast(getattr(ffi.dll, name), _vp).value  # type: ignore[return-value]
+def _addr(name: str) -> int:
+    return ctypes.cast(getattr(ffi.dll, name), _vp).value  # type: ignore[return-value]
 
-    _fns.call = _addr("wasmtime_func_call_unchecked")
-    _fns.set_deadline = _addr("wasmtime_context_set_epoch_deadline")
-    _fns.set_fuel = _addr("wasmtime_context_set_fuel")
-    _fns.mem_data = _addr("wasmtime_memory_data")
-    _fns.mem_size = _addr("wasmtime_memory_data_size")
+
+# wasmtime's own functions, from the library wasmtime-py loaded.
+_fns = _Fns(call=_addr("wasmtime_func_call_unchecked"),
+            set_deadline=_addr("wasmtime_context_set_epoch_deadline"),
+            set_fuel=_addr("wasmtime_context_set_fuel"),
+            mem_data=_addr("wasmtime_memory_data"),
+            mem_size=_addr("wasmtime_memory_data_size"))
 _fns_ptr = _vp(ctypes.addressof(_fns))
 
-#: The library loaded (``make native`` built it).
-available: bool = _call is not None
+_call: Any = None
+#: The library is loaded (``make native`` built it).
+available = False
 #: Picks use it (tests and benchmarks turn it off to compare; ``EPICK_SCORE_NATIVE=0``).
-enabled: bool = available and os.environ.get("EPICK_SCORE_NATIVE", "1") != "0"
+enabled = False
+
+
+def use_library(path: Path | None = LIBRARY) -> bool:
+    """Load the native loop from ``path`` (``None``: none; a missing or unloadable file:
+    none either), and use it unless ``EPICK_SCORE_NATIVE=0``. Returns :data:`enabled`."""
+    global _call, available, enabled, _plan
+    _call = _load(path) if path is not None else None
+    available = _call is not None
+    enabled = available and os.environ.get("EPICK_SCORE_NATIVE", "1") != "0"
+    _plan = None
+    return enabled
 
 
 def _func(dst: _Func, f: GuestFunc | None) -> None:
@@ -113,17 +124,19 @@ def _func(dst: _Func, f: GuestFunc | None) -> None:
 class _Plan:
     """What the C loop keeps of one set of scorers and their instances."""
 
-    __slots__ = ("key", "layout", "k", "table", "table_ptr", "frames", "ev_lens",
-                 "ev_ptr", "staging", "staging_ptr", "cap", "results", "results_ptr")
+    __slots__ = ("entries", "insts", "layout", "k", "table", "table_ptr", "frames",
+                 "any_a", "any_b", "ev_lens", "ev_ptr", "staging", "staging_ptr", "cap",
+                 "results", "results_ptr", "per")
 
-    def __init__(self, key: tuple, entries: tuple, insts: list) -> None:
+    def __init__(self, entries: tuple, insts: list) -> None:
         from epick.abi import FRAME_EVENT_LEN_AT
 
-        self.key = key
+        self.entries, self.insts = entries, insts
         self.layout = LAYOUT[0]
         k = self.k = len(entries)
         table = self.table = (_Scorer * k)()
         self.frames = tuple(bool(e.plugin._resident) for e in entries)
+        self.any_a, self.any_b = False in self.frames, True in self.frames
         for i, (e, inst) in enumerate(zip(entries, insts)):
             row = table[i]
             row.ctx = inst._memory._ctx
@@ -143,6 +156,9 @@ class _Plan:
         self.cap = 0
         self.staging = np.empty(0)
         self.staging_ptr = _vp(0)
+        # Per scorer, what a clean call's bookkeeping touches.
+        self.per = tuple((inst._lock, e.plugin.stats, e.plugin._score_breaker)
+                         for e, inst in zip(entries, insts))
 
     def room(self, n: int) -> None:
         if n > self.cap:
@@ -152,6 +168,15 @@ class _Plan:
 
 
 _plan: _Plan | None = None
+use_library()
+
+
+def _release(insts: list, events: list) -> None:
+    """Nothing was called after all: give every taken instance back as it was."""
+    for inst, ev in zip(insts, events):
+        if ev is not None:
+            inst._pending = ev
+        inst._lock.release()
 
 
 def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...]
@@ -166,7 +191,7 @@ def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...]
     """
     global _plan
     n = len(candidates)
-    if not enabled or n == 0:
+    if not enabled or n == 0 or _call is None:
         return None
     view = cycle.view
     insts = []
@@ -179,60 +204,69 @@ def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...]
             return None  # a new snapshot to deliver first: the Python path does it
         insts.append(inst)
     plan = _plan
-    key = (entries, *insts)
-    if plan is None or plan.layout != LAYOUT[0] or plan.key != key:
-        plan = _plan = _Plan(key, entries, insts)
-    frame_a = frame_b = b""
-    frames = plan.frames
-    if False in frames:
-        frame_a = _frames.frame_for(cycle, candidates, inline_snapshot=True)
-    if True in frames:
-        frame_b = _frames.frame_for(cycle, candidates, inline_snapshot=False)
-    # Take every instance (lock, carried event), or none.
+    if plan is None or plan.entries is not entries or plan.insts != insts \
+            or plan.layout != LAYOUT[0]:
+        plan = _plan = _Plan(entries, insts)
+    frame_a = (_frames.frame_for(cycle, candidates, inline_snapshot=True)
+               if plan.any_a else b"")
+    frame_b = (_frames.frame_for(cycle, candidates, inline_snapshot=False)
+               if plan.any_b else b"")
+    # Take every instance (its lock, its carried event), or none. (Buffers too small
+    # for this pick: the C loop refuses before calling anything, and Python grows them.)
     events: list = []
     ev_lens = plan.ev_lens
+    taken: list = []
     for i, inst in enumerate(insts):
-        ev = inst.native_score_begin(len(frame_b if frames[i] else frame_a), n)
-        if ev is False:
-            for j in range(i):
-                insts[j].native_score_abort(events[j])
+        ev = inst._pending
+        if (inst.deferred_failure is not None or not inst._ticking.running
+                or inst._store is None or not inst._lock.acquire(False)):
+            _release(taken, events)
             return None
+        taken.append(inst)
         events.append(ev)
-        ev_lens[i] = 0 if ev is None else len(ev)
-    plan.room(n)
+        if ev is None:
+            ev_lens[i] = 0
+        else:
+            inst._pending = None
+            ev_lens[i] = len(ev)
+    if n > plan.cap:
+        plan.room(n)
     t_start = _perf_ns()
-    joined = b"".join([ev for ev in events if ev is not None])
+    joined = b"".join([ev for ev in events if ev is not None]) if len(events) else b""
     bad = _call(_fns_ptr, plan.table_ptr, plan.k, frame_a, len(frame_a), frame_b,
                 len(frame_b), joined, plan.ev_ptr, n, plan.staging_ptr, plan.results_ptr)
-    if bad < 0:  # a buffer outside memory (cannot happen: checked above): nothing ran
-        for inst, ev in zip(insts, events):
-            inst.native_score_abort(ev)
-        _plan = None
+    if bad < 0:  # a buffer to grow: nothing ran, the Python path grows it
+        _release(taken, events)
         return None
     k = plan.k
     block = plan.staging[:(k + 1) * n].copy()
     res = plan.results.tolist()
-    results: list = []
-    ns: list = []
+    ns = res[2::3]
+    results = [block[i * n:(i + 1) * n] for i in range(k)]
+    if not bad:
+        for (lock, stats, breaker), took in zip(plan.per, ns):
+            lock.release()
+            stats.succeeded(took)
+            breaker.success()
+        return block[k * n:], results, ns
     t0 = t_start
     for i, e in enumerate(entries):
         code, aux, took = res[3 * i], res[3 * i + 1], res[3 * i + 2]
-        inst, p = insts[i], e.plugin
+        inst = insts[i]
+        lock, stats, breaker = plan.per[i]
         if code == NATIVE_OK:
-            inst.native_score_end()
-            p.stats.succeeded(took)
-            p._score_breaker.success()
-            results.append(block[i * n:(i + 1) * n])
-            ns.append(took)
+            lock.release()
+            stats.succeeded(took)
+            breaker.success()
         else:
-            size = len(frame_b if frames[i] else frame_a)
+            size = len(frame_b if plan.frames[i] else frame_a)
             t_fix = _perf_ns()
             try:
-                results.append(p.native_finish(inst, code, aux, events[i], size, n, t0,
-                                               cycle, candidates))
-                ns.append(took + _perf_ns() - t_fix)
+                results[i] = e.plugin.native_finish(inst, code, aux, events[i], size, n, t0,
+                                                    cycle, candidates)
+                ns[i] = took + _perf_ns() - t_fix
             except PluginError as exc:
-                results.append(exc)
-                ns.append(None)
+                results[i] = exc
+                ns[i] = None
         t0 += took
-    return (block[k * n:] if not bad else None), results, ns
+    return None, results, ns
