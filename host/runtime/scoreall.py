@@ -106,11 +106,11 @@ enabled = False
 def use_library(path: Path | None = LIBRARY) -> bool:
     """Load the native loop from ``path`` (``None``: none; a missing or unloadable file:
     none either), and use it unless ``EPICK_SCORE_NATIVE=0``. Returns :data:`enabled`."""
-    global _call, available, enabled, _plan
+    global _call, available, enabled
     _call = _load(path) if path is not None else None
     available = _call is not None
     enabled = available and os.environ.get("EPICK_SCORE_NATIVE", "1") != "0"
-    _plan = None
+    _plans.clear()
     return enabled
 
 
@@ -126,7 +126,7 @@ class _Plan:
 
     __slots__ = ("entries", "insts", "layout", "k", "table", "table_ptr", "frames",
                  "any_a", "any_b", "ev_lens", "ev_ptr", "staging", "staging_ptr", "cap",
-                 "results", "results_ptr", "per")
+                 "results", "results_ptr", "live", "resident", "take", "done")
 
     def __init__(self, entries: tuple, insts: list) -> None:
         from epick.abi import FRAME_EVENT_LEN_AT
@@ -156,9 +156,17 @@ class _Plan:
         self.cap = 0
         self.staging = np.empty(0)
         self.staging_ptr = _vp(0)
-        # Per scorer, what a clean call's bookkeeping touches.
-        self.per = tuple((inst._lock, e.plugin.stats, e.plugin._score_breaker)
-                         for e, inst in zip(entries, insts))
+        # What each pick reads, in loops without attribute chains: whether the plan still
+        # holds (each supervisor's live instance, each score breaker closed), whether a
+        # resident policy has this view already, what taking an instance touches, and
+        # what a clean call's bookkeeping touches.
+        self.live = tuple((e.plugin.supervisor, inst, e.plugin._score_breaker)
+                          for e, inst in zip(entries, insts))
+        self.resident = tuple((e.plugin, inst) for e, inst in zip(entries, insts)
+                              if e.plugin._resident)
+        self.take = tuple((inst, inst._lock, inst._ticking) for inst in insts)
+        self.done = tuple((inst._lock, e.plugin.stats, e.plugin._score_breaker)
+                          for e, inst in zip(entries, insts))
 
     def room(self, n: int) -> None:
         if n > self.cap:
@@ -167,46 +175,69 @@ class _Plan:
             self.staging_ptr = _vp(self.staging.ctypes.data)
 
 
-_plan: _Plan | None = None
-use_library()
+#: Plans by id of the scorers tuple (a policy set's; checked by identity): a few sets
+#: alternate (benchmarks, a swap), so each keeps its own.
+_plans: dict[int, _Plan] = {}
 
 
-def _release(insts: list, events: list) -> None:
+def _new_plan(entries: tuple) -> _Plan | None:
+    """A plan for ``entries`` now, or ``None`` if one of them cannot take the loop."""
+    insts = []
+    for e in entries:
+        p = e.plugin
+        inst = p.supervisor._inst
+        if inst is None or not p._v2 or inst._score is None:
+            return None
+        insts.append(inst)
+    if len(_plans) >= 8:
+        _plans.clear()
+    plan = _plans[id(entries)] = _Plan(entries, insts)
+    return plan
+
+
+def _release(taken: list, events: list) -> None:
     """Nothing was called after all: give every taken instance back as it was."""
-    for inst, ev in zip(insts, events):
+    for inst, ev in zip(taken, events):
         if ev is not None:
             inst._pending = ev
         inst._lock.release()
 
 
-def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...]
-              ) -> tuple[np.ndarray | None, list, list] | None:
+def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...], keep: bool = True
+              ) -> tuple[np.ndarray | None, list | None, list] | None:
     """Score ``candidates`` with every entry of ``entries`` (WasmPolicies, in order).
 
     Returns ``(totals, results, ns)``: per entry its scores (finite, in [0, 1]) or the
     :class:`PluginError` it failed with, and the ns its call took (``None`` if it
     failed); ``totals`` is Σ weight × scores when every entry succeeded on the clean
-    path, else ``None`` (the caller sums). ``None`` when the pick must take the Python
-    path (see the module docstring): nothing was called then.
+    path, else ``None`` (the caller sums). ``results`` is ``None`` when every entry
+    succeeded and ``keep`` is false (nobody reads the scores). ``None`` when the pick
+    must take the Python path (see the module docstring): nothing was called then.
     """
-    global _plan
     n = len(candidates)
     if not enabled or n == 0 or _call is None:
         return None
-    view = cycle.view
-    insts = []
-    for e in entries:
-        p = e.plugin
-        inst = p.supervisor._inst
-        if inst is None or not p._v2 or p._score_breaker.state != "closed":
+    plan = _plans.get(id(entries))
+    if plan is None or plan.entries is not entries or plan.layout != LAYOUT[0]:
+        plan = _new_plan(entries)
+        if plan is None:
             return None
-        if p._resident and (view is not p._fed_view or inst is not p._fed_inst):
-            return None  # a new snapshot to deliver first: the Python path does it
-        insts.append(inst)
-    plan = _plan
-    if plan is None or plan.entries is not entries or plan.insts != insts \
-            or plan.layout != LAYOUT[0]:
-        plan = _plan = _Plan(entries, insts)
+    for sup, inst, breaker in plan.live:
+        if breaker.state != "closed":
+            return None
+        if sup._inst is not inst:  # an instance was re-created since
+            plan = _new_plan(entries)
+            if plan is None:
+                return None
+            for _sup, _inst, later in plan.live:
+                if later.state != "closed":
+                    return None
+            break
+    if plan.resident:
+        view = cycle.view
+        for p, inst in plan.resident:
+            if view is not p._fed_view or inst is not p._fed_inst:
+                return None  # a new snapshot to deliver first: the Python path does it
     frame_a = (_frames.frame_for(cycle, candidates, inline_snapshot=True)
                if plan.any_a else b"")
     frame_b = (_frames.frame_for(cycle, candidates, inline_snapshot=False)
@@ -216,44 +247,48 @@ def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...]
     events: list = []
     ev_lens = plan.ev_lens
     taken: list = []
-    for i, inst in enumerate(insts):
-        ev = inst._pending
-        if (inst.deferred_failure is not None or not inst._ticking.running
-                or inst._store is None or not inst._lock.acquire(False)):
+    joined = b""
+    for i, (inst, lock, ticking) in enumerate(plan.take):
+        if (inst.deferred_failure is not None or not ticking.running
+                or inst._store is None or not lock.acquire(False)):
             _release(taken, events)
             return None
         taken.append(inst)
+        ev = inst._pending
         events.append(ev)
         if ev is None:
             ev_lens[i] = 0
         else:
             inst._pending = None
             ev_lens[i] = len(ev)
+            joined = ev if not joined else joined + ev
     if n > plan.cap:
         plan.room(n)
     t_start = _perf_ns()
-    joined = b"".join([ev for ev in events if ev is not None]) if len(events) else b""
     bad = _call(_fns_ptr, plan.table_ptr, plan.k, frame_a, len(frame_a), frame_b,
                 len(frame_b), joined, plan.ev_ptr, n, plan.staging_ptr, plan.results_ptr)
     if bad < 0:  # a buffer to grow: nothing ran, the Python path grows it
         _release(taken, events)
         return None
     k = plan.k
-    block = plan.staging[:(k + 1) * n].copy()
     res = plan.results.tolist()
     ns = res[2::3]
-    results = [block[i * n:(i + 1) * n] for i in range(k)]
     if not bad:
-        for (lock, stats, breaker), took in zip(plan.per, ns):
+        for (lock, stats, breaker), took in zip(plan.done, ns):
             lock.release()
             stats.succeeded(took)
             breaker.success()
-        return block[k * n:], results, ns
+        if not keep:
+            return plan.staging[k * n:(k + 1) * n].copy(), None, ns
+        block = plan.staging[:(k + 1) * n].copy()
+        return block[k * n:], [block[i * n:(i + 1) * n] for i in range(k)], ns
+    block = plan.staging[:k * n].copy()
+    results: list = [block[i * n:(i + 1) * n] for i in range(k)]
     t0 = t_start
     for i, e in enumerate(entries):
         code, aux, took = res[3 * i], res[3 * i + 1], res[3 * i + 2]
-        inst = insts[i]
-        lock, stats, breaker = plan.per[i]
+        inst = taken[i]
+        lock, stats, breaker = plan.done[i]
         if code == NATIVE_OK:
             lock.release()
             stats.succeeded(took)
@@ -270,3 +305,6 @@ def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...]
                 ns[i] = None
         t0 += took
     return None, results, ns
+
+
+use_library()

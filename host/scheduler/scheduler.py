@@ -409,7 +409,7 @@ class Scheduler:
         latency = self.recorder.policy_latency
         group = policies.score_group
         if group is not None:
-            got = group(cycle, policies.scorers, candidates)
+            got = group(cycle, policies.scorers, candidates, keep)
             if got is not None:
                 return self._score_grouped(policies.scorers, candidates, skipped, got,
                                            keep=keep, timed=timed)
@@ -453,6 +453,11 @@ class Scheduler:
         sums (the same sums, in the same order, as the per-policy loop)."""
         totals, results, ns = got
         latency = self.recorder.policy_latency
+        if results is None:  # all clean, summed, and nobody keeps the scores
+            if timed:
+                for entry, took in zip(scorers, ns):
+                    latency(entry.name, took * 1e-9)
+            return totals, {}
         per_policy: dict[str, np.ndarray] = {}
         summed = totals is None
         owned = False
