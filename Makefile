@@ -84,9 +84,10 @@ test: $(STAMP) $(ENVOY_STAMP) dnsmasq native
 
 ## test-perf: the pick path's cost, working tree ÷ the accepted base commit (host/bench/PERF_BASE;
 ## PERF_BASE=REF overrides it); interleaved, both sides pinned to one CPU, 100 alternations;
-## fails only when some size's median ratio is clearly > 1.15× (its 99% interval wholly above) (~40 s)
+## fails only when some size's median ratio is clearly > 1.15× (its 99% interval wholly above) (~40 s).
+## The tree runs with libepick_scoreall.so (built first), the base checkout without it.
 PERF_BASE ?= $(shell sed -n 's/^\([0-9a-f]\{7,40\}\)[[:space:]]*$$/\1/p' host/bench/PERF_BASE)
-test-perf: $(STAMP)
+test-perf: $(STAMP) $(SCORE_LIB)
 	$(VENV)/bin/epick bench regress --base "$(PERF_BASE)" --sizes 8,64 --mode interleaved --turns 100 --fail-above 1.15
 
 ## lint: ruff, then the layer contracts of docs/design.md (import-linter, pyproject.toml);
