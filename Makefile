@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # setuptools says "Editable installation." on every editable install: information only.
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: native demo test test-perf dnsmasq lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real test-dataplanes wheel ebpf-tools test-ebpf
+.PHONY: native score-lib demo test test-perf dnsmasq lint install proto policies bench clean envoy test-envoy inference-perf inference-perf-venv vllm-venv vllm-fleet test-vllm bench-real test-dataplanes wheel ebpf-tools test-ebpf
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,7 +53,15 @@ $(NATIVE_BIN): $(NATIVE_DIR)/epick_extproc.cc
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q libgrpc++-dev pkg-config g++)
 	$(CXX) -O2 -std=c++17 -Wall -o $@ $< $$(pkg-config --cflags --libs grpc++) -lpthread
 
-native: $(NATIVE_BIN)
+## ... and libepick_scoreall.so: one C call runs all of a pick's ABI v2 scorers (loaded with
+## ctypes when present; without it the Python path runs, with the same picks)
+SCORE_LIB := host/runtime/native/libepick_scoreall.so
+$(SCORE_LIB): host/runtime/native/epick_scoreall.c
+	$(CC) -O2 -std=c11 -Wall -Wextra -fPIC -shared -ffp-contract=off -fno-fast-math -o $@ $<
+
+score-lib: $(SCORE_LIB)
+
+native: $(NATIVE_BIN) $(SCORE_LIB)
 
 # lint-imports (grimp) reads a package's modules from its one folder, and epick.conformance
 # is the top-level conformance/, outside host/: so it reads a view, epick/ = host/'s
@@ -76,9 +84,10 @@ test: $(STAMP) $(ENVOY_STAMP) dnsmasq native
 
 ## test-perf: the pick path's cost, working tree ÷ the accepted base commit (host/bench/PERF_BASE;
 ## PERF_BASE=REF overrides it); interleaved, both sides pinned to one CPU, 100 alternations;
-## fails only when some size's median ratio is clearly > 1.15× (its 99% interval wholly above) (~40 s)
+## fails only when some size's median ratio is clearly > 1.15× (its 99% interval wholly above) (~40 s).
+## The tree runs with libepick_scoreall.so (built first), the base checkout without it.
 PERF_BASE ?= $(shell sed -n 's/^\([0-9a-f]\{7,40\}\)[[:space:]]*$$/\1/p' host/bench/PERF_BASE)
-test-perf: $(STAMP)
+test-perf: $(STAMP) $(SCORE_LIB)
 	$(VENV)/bin/epick bench regress --base "$(PERF_BASE)" --sizes 8,64 --mode interleaved --turns 100 --fail-above 1.15
 
 ## lint: ruff, then the layer contracts of docs/design.md (import-linter, pyproject.toml);
@@ -162,4 +171,4 @@ test-ebpf: $(STAMP) ebpf-tools
 	EPICK_TEST_EBPF=1 $(PY) -m pytest -q tests/ebpf
 
 clean:
-	rm -rf $(NATIVE_BIN) $(VENV) $(ENVOY_VENV) $(IP_VENV) .venv-vllm .pytest_cache examples/ebpf/lb.bpf.o
+	rm -rf $(NATIVE_BIN) $(SCORE_LIB) $(VENV) $(ENVOY_VENV) $(IP_VENV) .venv-vllm .pytest_cache examples/ebpf/lb.bpf.o

@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fail-above", type=float, default=None, metavar="RATIO",
                     help="exit 1 on a clear regression above RATIO: runs mode, every "
                          "alternation above it (needs --rounds >= 3); interleaved mode, the "
-                         f"median's {CONFIDENCE:.0%} interval wholly above it")
+                         f"median's {CONFIDENCE:.0%}% interval wholly above it")
     args = ap.parse_args(argv)
     mode = args.mode or ("runs" if args.rounds is not None or args.picks is not None
                          else "interleaved")

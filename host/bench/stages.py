@@ -1,6 +1,6 @@
 """``python -m epick.bench.stages``: where each microsecond of a decision goes, per stage and policy.
 
-    python -m epick.bench.stages [--endpoints 8,64] [--picks 2000] [--rounds 2]
+    python -m epick.bench.stages [--endpoints 8,64] [--picks 2000] [--rounds 2] [--native]
 
 Builds the real service as ``python -m epick.bench.answer`` does (the three default WASM
 policies, ``--endpoints`` vLLM-like pages scraped once) and times ``answer_pick`` on the
@@ -22,6 +22,10 @@ Each guest call ("crossing + guest", ``GuestFunc.call*``) is split three ways:
   with the pinned Zig; ``--no-noop`` skips it) spends on the very inputs each policy got,
   minus that crossing — the SDK's entry, the msgpack decode, writing constant scores;
 - **guest: policy work**: the rest — the policy's own code.
+
+The scorers are called one by one from Python here (the path that gives each policy's
+call its rows); ``--native`` measures the service's default when ``make native`` built
+the C loop: one row for its call, every scorer's crossing, guest and read-back in it.
 
 Probes name functions by their current module paths; after a rename a probe that no
 longer finds its target is listed as missing (its time goes to its caller's row), and
@@ -95,6 +99,8 @@ PROBES: tuple[Probe, ...] = (
     Probe("epick.runtime.instance:PolicyInstance.score_checked",
           _policy("score, input written + scores read back")),
     Probe("epick.runtime.frame:frame_for", "score frame encode (ABI v2, once a cycle)"),
+    Probe("epick.runtime.scoreall:_call",
+          "scoring: the native loop's C call (--native: every scorer's write, guest, read-back)"),
     Probe("epick.runtime.instance:PolicyInstance.score_frame",
           _policy("score, input written + scores read back")),
     Probe("epick.runtime.instance:PolicyInstance.defer_pre_request",
@@ -456,9 +462,22 @@ def _guest_floor(svc, answer, reqs, noop_wasm: Path) -> tuple[float | None, dict
 
 
 def measure(endpoints: int = 64, picks: int = 2000, rounds: int = 2,
-            noop: bool = True) -> Result:
-    """Plain and probed ``answer_pick`` at ``endpoints``; see the module docstring."""
+            noop: bool = True, native: bool = False) -> Result:
+    """Plain and probed ``answer_pick`` at ``endpoints``; see the module docstring.
+    ``native``: with the C loop for the scorers (when built), else one by one."""
+    from epick.runtime import scoreall
+
+    was = scoreall.enabled
+    scoreall.enabled = native and scoreall.available
+    try:
+        return _measure_at(endpoints, picks, rounds, noop)
+    finally:
+        scoreall.enabled = was
+
+
+def _measure_at(endpoints: int, picks: int, rounds: int, noop: bool) -> Result:
     from epick.bench.grpc import NO_SCRAPE_MS, Setup
+
 
     pages = subprocess.Popen([sys.executable, "-m", "epick.bench.pages", "--count",
                               str(endpoints)], stdout=subprocess.PIPE, text=True)
@@ -504,9 +523,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="rounds over the requests")
     ap.add_argument("--no-noop", action="store_true",
                     help="skip building the no-op policy (no Zig): no decode/work split")
+    ap.add_argument("--native", action="store_true",
+                    help="the scorers in one C call (libepick_scoreall.so, the service's "
+                         "default when built); without it each is called from Python, "
+                         "so each policy's crossing, decode and work get a row")
     args = ap.parse_args(argv)
     for n in (int(s) for s in args.endpoints.split(",")):
-        print(render(measure(n, args.picks, args.rounds, noop=not args.no_noop)), flush=True)
+        print(render(measure(n, args.picks, args.rounds, noop=not args.no_noop,
+                             native=args.native)), flush=True)
     return 0
 
 

@@ -169,6 +169,16 @@ class ScorePlugin(Protocol):
         """
         ...
 
+    # Optional: ``score_group``, a function ``(cycle, entries, candidates, keep)`` shared
+    # by a plugin type. When every live scorer of a policy set has the same one, the
+    # scheduler calls it once per pick for all of them (in order) instead of each
+    # ``score``. It returns ``(totals, results, ns)`` — per entry its scores or its
+    # PluginError (``results`` may be None when all succeeded and ``keep`` is false), and
+    # its call's ns (None if it failed); ``totals`` Σ weight × scores or None (the
+    # scheduler sums) — or None to have the scheduler call each ``score`` (nothing was
+    # called then).
+    # WasmPolicy's runs every scorer in one native call (epick.runtime.scoreall).
+
 
 @runtime_checkable
 class PreRequestPlugin(Protocol):

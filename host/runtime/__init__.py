@@ -16,7 +16,9 @@ path, raises :class:`PolicyError` subclasses) -> :class:`WasmPolicy` (the plugin
 snapshot delivery, output checks, stats; raises ``epick.interfaces.PluginError``), which
 runs its instance through a :class:`~epick.runtime.supervisor.Supervisor` (breakers,
 recovery, spares) and keeps its last good state in
-:class:`~epick.runtime.checkpoints.Checkpoints`.
+:class:`~epick.runtime.checkpoints.Checkpoints`. A pick whose scorers are all
+WasmPolicies runs their ``score`` calls in one C call (:mod:`epick.runtime.scoreall`,
+``make native``; without the library, one by one in Python, with the same results).
 
 Threading rule: a wasmtime Store — so a PolicyInstance, and a WasmPolicy — is used by
 one thread at a time. The service runs every pick on its event-loop thread; a second

@@ -47,6 +47,10 @@ _get_fuel = ctypes.PYFUNCTYPE(_vp, _vp, ctypes.POINTER(_u64))(("wasmtime_context
 _memory_size = ctypes.PYFUNCTYPE(_size, _vp, _vp)(("wasmtime_memory_data_size", ffi.dll))
 _memory_data = ctypes.PYFUNCTYPE(_vp, _vp, _vp)(("wasmtime_memory_data", ffi.dll))
 
+#: Bumped whenever a GuestFunc's budget or an instance's buffers change: the native loop
+#: (epick.runtime.scoreall) re-reads what it keeps of them when this moved.
+LAYOUT = [0]
+
 _VAL_SIZE = ctypes.sizeof(ffi.wasmtime_val_raw_t)  # 16: a union up to v128
 _I32_STRIDE = _VAL_SIZE // 4
 
@@ -138,6 +142,7 @@ class GuestFunc:
     @fuel.setter
     def fuel(self, fuel: int) -> None:
         self._fuel, self._c_fuel = fuel, _u64(fuel)
+        LAYOUT[0] += 1
 
     @property
     def ticks(self) -> int:
@@ -147,6 +152,7 @@ class GuestFunc:
     @ticks.setter
     def ticks(self, ticks: int) -> None:
         self._ticks, self._c_ticks = ticks, _u64(ticks)
+        LAYOUT[0] += 1
 
     def call0(self) -> int:
         ctx = self._c_ctx

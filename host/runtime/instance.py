@@ -32,7 +32,7 @@ import numpy as np
 import wasmtime
 
 from epick import abi
-from epick.runtime._guest import GuestFunc, GuestMemory, trap_reason
+from epick.runtime._guest import LAYOUT, GuestFunc, GuestMemory, trap_reason
 from epick.runtime.errors import (
     PolicyCallError,
     PolicyError,
@@ -58,6 +58,8 @@ _U32 = 0xFFFF_FFFF
 _EVENT_AT = abi.FRAME_EVENT_LEN_AT
 _POSITION = re.compile(r"`\$\[(\d+)\]")
 _SCORE_INPUT_FIELDS = abi.ScoreInput.__struct_fields__
+#: What the native loop reports per scorer (host/runtime/native/epick_scoreall.c).
+NATIVE_OK, NATIVE_TRAP, NATIVE_STATUS, NATIVE_EVENT_FAILED, NATIVE_DIRTY = 0, 1, 2, 3, 4
 _HOT = frozenset({"score", "filter", "set_snapshot", "pre_request", "post_response"})
 _INITIAL_INPUT = 16 << 10
 _INITIAL_OUTPUT_SLOTS = 512
@@ -247,22 +249,26 @@ class PolicyInstance:
                 status = func.call3(self._in_ptr, size, self._out_ptr)
             else:
                 status = self._call_carrying(self._score_ev, func, size, "score")
-            if status:
-                raise PolicyCallError(self.name, "score", status, self._error_message())
-            # Slot n read as a Python int (a numpy scalar costs more than this whole check).
-            q = self._out_q
-            if q[n] != _SENTINEL_INT:
-                raise PolicyOutputError(
-                    self.name, "score", f"score wrote more than the {n} scores asked for"
-                )
-            # Non-negative doubles order like their bit patterns, and every NaN (the
-            # sentinel included), inf and negative number has a pattern above 1.0's: the
-            # largest pattern tells "all in [0, 1]" (and so "all written"). argmax finds
-            # it for a quarter of what np.maximum.reduce costs.
-            top = q[self._out_u64[:n].argmax()] if n else 0
-            scores = self._out_f64[:n].copy()
+            return self._score_read(status, n)
         finally:
             lock.release()
+
+    def _score_read(self, status: int, n: int) -> tuple[np.ndarray, bool]:
+        """The read-back of a ``score`` call that returned ``status`` (the lock held)."""
+        if status:
+            raise PolicyCallError(self.name, "score", status, self._error_message())
+        # Slot n read as a Python int (a numpy scalar costs more than this whole check).
+        q = self._out_q
+        if q[n] != _SENTINEL_INT:
+            raise PolicyOutputError(
+                self.name, "score", f"score wrote more than the {n} scores asked for"
+            )
+        # Non-negative doubles order like their bit patterns, and every NaN (the
+        # sentinel included), inf and negative number has a pattern above 1.0's: the
+        # largest pattern tells "all in [0, 1]" (and so "all written"). argmax finds
+        # it for a quarter of what np.maximum.reduce costs.
+        top = q[self._out_u64[:n].argmax()] if n else 0
+        scores = self._out_f64[:n].copy()
         if top <= _ONE_BITS:
             return scores, True
         written = scores.view(np.uint64) != SCORE_SENTINEL
@@ -273,6 +279,36 @@ class PolicyInstance:
                 f"(first missing: candidate {int(np.argmin(written))})",
             )
         return scores, False
+
+    # -- the native loop (epick.runtime.scoreall) ------------------------------------------
+
+    def native_score_finish(self, code: int, aux: int, event: bytes | None, size: int,
+                            n: int) -> tuple[np.ndarray, bool]:
+        """Finish a ``score`` call the native loop made but did not find clean, with the
+        steps :meth:`score_frame` takes after its call (``code``/``aux``: what the loop
+        reported; ``size``: the frame's length without the event). Raises as it does."""
+        try:
+            if code == NATIVE_TRAP:
+                func = self._score_ev if event is not None else self._score
+                assert func is not None
+                try:
+                    func._raise(aux or None)
+                except PolicyTimeout:
+                    if event is not None:
+                        self._pending = event  # re-sent by a retry, as _call_carrying does
+                    raise
+            status = aux
+            if code == NATIVE_EVENT_FAILED:
+                message = self._error_message()
+                failure = PolicyCallError(self.name, "pre_request", status, message)
+                PolicyError.__init__(failure, self.name, "pre_request",
+                                     f"pre_request (carried by score) failed: {message}")
+                self.deferred_failure = failure
+                assert self._score is not None
+                status = self._score.call3(self._in_ptr, size, self._out_ptr)
+            return self._score_read(status if code != NATIVE_DIRTY else 0, n)
+        finally:
+            self._lock.release()
 
     def _call_carrying(self, carrying: GuestFunc | None, plain: GuestFunc, size: int,
                        export: str) -> int:
@@ -580,12 +616,14 @@ class PolicyInstance:
 
     def _grow_input(self, need: int) -> None:
         cap = max(need, 2 * self._in_cap, _INITIAL_INPUT)
+        LAYOUT[0] += 1
         self._in_ptr = self._alloc(cap)
         self._in_cap = cap
         self._in_mv = memoryview(self._memory.view(self._in_ptr, cap))
 
     def _grow_output(self, slots: int) -> None:
         slots = max(slots, 2 * self._out_slots, _INITIAL_OUTPUT_SLOTS)
+        LAYOUT[0] += 1
         self._out_ptr = self._alloc(slots * 8)
         self._out_slots = slots
         self._out_u8 = self._memory.view(self._out_ptr, slots * 8)

@@ -44,6 +44,7 @@ import numpy as np
 from epick import abi
 from epick.interfaces import Capabilities, Cycle
 from epick.runtime import frame as _frames
+from epick.runtime import scoreall as _scoreall
 from epick.runtime.checkpoints import Checkpoints
 from epick.runtime.errors import PolicyError, PolicyOutputError, PolicyTimeout
 from epick.runtime.instance import PolicyInstance
@@ -131,6 +132,11 @@ class WasmPolicy:
         self._hook_breakers = {stage: self.supervisor.breaker(stage)
                                for stage in ("pre_request", "post_response")}
         self._pre_breaker = self._hook_breakers["pre_request"]
+        #: The scheduler's one call for all of a pick's scorers when every one has it
+        #: (epick.interfaces.plugins, "score_group"): the native loop. Not for a subclass
+        #: that overrides score: the loop would bypass it.
+        self.score_group = (_scoreall.score_all if type(self).score is WasmPolicy.score
+                            else None)
 
     def __repr__(self) -> str:
         return f"<WasmPolicy {self.name!r} module={self.module.name!r} breaker={self.breaker_state}>"
@@ -212,17 +218,43 @@ class WasmPolicy:
         except Recovering as exc:
             raise sup.skipped("score", exc) from None
         if not in_range:
-            finite = np.isfinite(scores)
-            if not finite.all():
-                bad = int(np.argmin(finite))
-                exc = PolicyOutputError(
-                    self.name, "score", f"score {float(scores[bad])!r} for candidate {bad} is not finite"
-                )
-                raise sup.failed("score", exc, t0) from None
-            self.stats.out_of_range += int(np.count_nonzero((scores < 0.0) | (scores > 1.0)))
-            np.clip(scores, 0.0, 1.0, out=scores)
+            self._judge(scores, t0)
         self.stats.succeeded(_perf_ns() - t0)
         breaker.success()
+        return scores
+
+    def _judge(self, scores: np.ndarray, t0: int) -> None:
+        """Scores not all in [0, 1]: a non-finite one fails the call, the rest are
+        clamped in place (and counted)."""
+        finite = np.isfinite(scores)
+        if not finite.all():
+            bad = int(np.argmin(finite))
+            exc = PolicyOutputError(
+                self.name, "score", f"score {float(scores[bad])!r} for candidate {bad} is not finite"
+            )
+            raise self.supervisor.failed("score", exc, t0) from None
+        self.stats.out_of_range += int(np.count_nonzero((scores < 0.0) | (scores > 1.0)))
+        np.clip(scores, 0.0, 1.0, out=scores)
+
+    def native_finish(self, inst: PolicyInstance, code: int, aux: int, event: bytes | None,
+                      size: int, n: int, t0: int, cycle: Cycle,
+                      candidates: tuple[int, ...]) -> np.ndarray:
+        """Finish a score call :func:`epick.runtime.scoreall.score_all` made that did not
+        come back clean, as :meth:`score` does after its call (the same exceptions,
+        retry, breaker outcome, stats and clamping); ``PluginError`` on failure."""
+        sup = self.supervisor
+        try:
+            scores, in_range = inst.native_score_finish(code, aux, event, size, n)
+            if inst.deferred_failure is not None:
+                self._deferred_failed(inst, t0)
+        except PolicyTimeout as exc:
+            scores, in_range = self._retry("score", exc, t0, self._score_once, cycle, candidates, n)
+        except PolicyError as exc:
+            raise sup.failed("score", exc, t0) from exc
+        if not in_range:
+            self._judge(scores, t0)
+        self.stats.succeeded(_perf_ns() - t0)
+        self._score_breaker.success()
         return scores
 
     def filter(self, cycle: Cycle, candidates: tuple[int, ...]) -> tuple[int, ...]:

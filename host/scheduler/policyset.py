@@ -7,6 +7,7 @@ old set, the next one sees the new set. Changes build a new :class:`PolicySet`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from epick.interfaces import Capabilities, Plugin, check_plugin
@@ -79,6 +80,9 @@ class PolicySet:
     shadows: tuple[PolicyEntry, ...] = ()
     pre_request: tuple[PolicyEntry, ...] = ()
     post_response: tuple[PolicyEntry, ...] = ()
+    score_group: Callable | None = None
+    """The scorers' ``score_group`` when every live scorer has the same one (WASM policies:
+    one native call for all; epick.interfaces.plugins), else ``None``."""
 
     def __post_init__(self) -> None:
         names = [e.name for e in self.entries]
@@ -93,6 +97,8 @@ class PolicySet:
         # Shadow policies record decisions too, so their state tracks the live traffic.
         set_(self, "pre_request", tuple(e for e in self.entries if e.has_pre_request))
         set_(self, "post_response", tuple(e for e in self.entries if e.has_post_response))
+        groups = {getattr(e.plugin, "score_group", None) for e in self.scorers}
+        set_(self, "score_group", groups.pop() if len(groups) == 1 else None)
 
     @classmethod
     def of(cls, *entries: PolicyEntry) -> PolicySet:

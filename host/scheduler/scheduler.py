@@ -407,6 +407,12 @@ class Scheduler:
         per_policy: dict[str, np.ndarray] = {}
         perf = time.perf_counter
         latency = self.recorder.policy_latency
+        group = policies.score_group
+        if group is not None:
+            got = group(cycle, policies.scorers, candidates, keep)
+            if got is not None:
+                return self._score_grouped(policies.scorers, candidates, skipped, got,
+                                           keep=keep, timed=timed)
         for entry in policies.scorers:
             t0 = perf()
             try:
@@ -437,6 +443,48 @@ class Scheduler:
         if totals is None:
             totals = np.zeros(len(candidates))
         elif not owned:  # one scorer of weight 1: its own array, which per_policy may hold
+            totals = totals.copy()
+        return totals, per_policy
+
+    def _score_grouped(self, scorers, candidates, skipped, got, *, keep: bool,
+                       timed: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """:meth:`_score` from a ``score_group`` answer: ``(totals, results, ns)``, per
+        scorer its scores or its :class:`PluginError`; ``totals`` ``None`` when this loop
+        sums (the same sums, in the same order, as the per-policy loop)."""
+        totals, results, ns = got
+        latency = self.recorder.policy_latency
+        if results is None:  # all clean, summed, and nobody keeps the scores
+            if timed:
+                for entry, took in zip(scorers, ns):
+                    latency(entry.name, took * 1e-9)
+            return totals, {}
+        per_policy: dict[str, np.ndarray] = {}
+        summed = totals is None
+        owned = False
+        for entry, scores, took in zip(scorers, results, ns):
+            if took is None:
+                self._plugin_failed(scores, skipped)
+                continue
+            if timed:
+                latency(entry.name, took * 1e-9)
+            if keep:
+                per_policy[entry.name] = scores
+            if not summed:
+                continue
+            weight = entry.weight
+            if totals is None:
+                totals = scores if weight == 1.0 else weight * scores
+                owned = weight != 1.0
+            elif not owned:
+                totals = totals + (scores if weight == 1.0 else weight * scores)
+                owned = True
+            elif weight == 1.0:
+                totals += scores
+            else:
+                totals += weight * scores
+        if totals is None:
+            totals = np.zeros(len(candidates))
+        elif summed and not owned:
             totals = totals.copy()
         return totals, per_policy
 
