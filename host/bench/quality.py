@@ -25,7 +25,7 @@ run without the restart, which each point runs too). E.g.
 ``--workloads prefix-pressure,prefix-restart --routers round-robin,epick,epick-precise``.
 
 Learning latency (issue 30): the router ``latency`` is epick with the ``latency`` policy
-beside the defaults (weight ``LATENCY_WEIGHT``); the workload ``heterogeneous``, opt-in, is
+beside the defaults (weight ``LATENCY_WEIGHT``; ``load`` with ``LATENCY_LOAD_PARAMS``); the workload ``heterogeneous``, opt-in, is
 a fleet of replicas of different speeds and KV sizes (``HETERO_REPLICAS``: per-replica
 configs) under unique prompts of 100–3,000 tokens, every request with a TTFT SLO
 (``HETERO_SLO_TTFT_MS``); its rows add the SLO attainment (share of requests within it).
@@ -77,6 +77,9 @@ KV_ROUTERS = ("epick-precise",)
 #: The learning router (issue 30, opt-in with ``--routers``): epick's defaults with the
 #: ``latency`` policy beside them at this weight.
 LATENCY_WEIGHT = 1.0
+#: ... and ``load`` without its recent picks there: ``latency`` already counts the prefill
+#: each endpoint has ahead, so they would count it twice (docs/quality.md, "Zero-hit").
+LATENCY_LOAD_PARAMS = {"recent_requests": 0.0}
 LATENCY_ROUTERS = ("latency",)
 
 
@@ -193,7 +196,8 @@ def make_router(name: str, runtime, seed: int, weights: dict[str, float] | None 
     if name == "epick":
         return EpickRouter(wasm_set(runtime, weights), seed=seed, slo_ttft_ms=slo_ttft_ms)
     if name == "latency":
-        return EpickRouter(wasm_set(runtime, {**weights, "latency": LATENCY_WEIGHT}), seed=seed,
+        return EpickRouter(wasm_set(runtime, {**weights, "latency": LATENCY_WEIGHT},
+                                    {"load": LATENCY_LOAD_PARAMS}), seed=seed,
                            slo_ttft_ms=slo_ttft_ms)
     if name == "epick-no-prefix":  # the zero-hit overhead baseline: epick minus prefix
         return EpickRouter(wasm_set(runtime, {k: w for k, w in weights.items()

@@ -68,6 +68,9 @@ EPICK_POLICIES = {"epick": ("load", "prefix-cache", "lora-affinity"),
                   "epick-precise": ("load", "precise-prefix", "lora-affinity"),
                   "epick-latency": ("load", "prefix-cache", "lora-affinity", "latency"),
                   "legacy-v1": ("legacy-v1",)}
+#: epick-latency's ``load`` params: no recent picks beside ``latency``, which already counts
+#: the prefill ahead (as ``epick.bench.quality.LATENCY_LOAD_PARAMS``).
+LATENCY_LOAD_PARAMS = {"recent_requests": 0.0}
 WORKLOADS = ("shared-prefix", "multi-lora", "zero-hit")
 
 
@@ -303,8 +306,11 @@ def _toml_value(v) -> str:
 
 def _epick_config(fleet, router: str, path: Path,
                   params: dict[str, dict] | None = None) -> None:
-    """``params``: policy name -> its params (``--latency-params`` sets ``latency``'s)."""
+    """``params``: policy name -> its params (``--latency-params`` sets ``latency``'s);
+    epick-latency's ``load`` gets ``LATENCY_LOAD_PARAMS`` unless ``params`` names it."""
     precise = router == "epick-precise"
+    if router == "epick-latency" and "load" not in (params or {}):
+        params = {**(params or {}), "load": LATENCY_LOAD_PARAMS}
     lines = ["version = 1", "[server]", 'listen = "127.0.0.1:0"', 'metrics_listen = ""',
              "[admin]", 'listen = ""', "[pool]", "scrape_interval_ms = 50"]
     if precise:

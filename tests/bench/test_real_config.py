@@ -20,12 +20,16 @@ def test_latency_params_reach_the_latency_policy_and_no_other(tmp_path):
     cfg = config.load(path)
     params = {p.name: p.params for p in cfg.policies}
     assert params["latency"] == {"work_ktokens": 0.05, "stale_ms": 0, "x": True}
-    assert params["load"] == {} and params["prefix-cache"] == {}
+    assert params["prefix-cache"] == {}
+    # beside latency, load counts no recent picks (latency counts the prefill ahead)
+    assert params["load"] == {"recent_requests": 0.0}
 
 
 def test_without_params_the_policies_have_their_defaults(tmp_path):
     path = tmp_path / "c.toml"
     real._epick_config(_fleet(), "epick-latency", path, {"latency": {}})
+    assert all(p.params == {} for p in config.load(path).policies if p.name != "load")
+    real._epick_config(_fleet(), "epick", path, {"latency": {}})
     assert all(p.params == {} for p in config.load(path).policies)
     assert [e.address for e in config.load(path).pool.endpoints] == ["127.0.0.1:8001",
                                                                       "127.0.0.1:8002"]

@@ -45,7 +45,7 @@ def test_a_conforming_module_exits_0_and_prints_every_row(capsys):
     for word in ("case", "expected", "got", "verdict", "why", "load/queue-spread",
                  "property/memory-stable"):
         assert word in out
-    assert "PASS: load (load): 28 passed, 0 failed, 0 errors" in out
+    assert "PASS: load (load): 32 passed, 0 failed, 0 errors" in out
 
 
 def test_an_extra_vector_file_runs_without_python_and_its_failure_exits_1(mine, capsys):
@@ -54,7 +54,7 @@ def test_an_extra_vector_file_runs_without_python_and_its_failure_exits_1(mine, 
     out = capsys.readouterr().out
     assert "mine/prefers-short-queues" in out
     assert "mine/wrong-on-purpose: endpoint 0 (e0:8000) expected 1 (claimed best), got 0" in out
-    assert "FAIL: load (load): 29 passed, 1 failed, 0 errors" in out
+    assert "FAIL: load (load): 33 passed, 1 failed, 0 errors" in out
 
 
 def test_junit_output_has_a_suite_per_group_and_a_failure_element_with_the_reason(
@@ -69,7 +69,7 @@ def test_junit_output_has_a_suite_per_group_and_a_failure_element_with_the_reaso
     suites = {s.get("name"): s for s in root.findall("testsuite")}
     assert set(suites) == {"load.vectors", "load.properties"}
     vectors = suites["load.vectors"]
-    assert (vectors.get("tests"), vectors.get("failures"), vectors.get("errors")) == ("18", "1", "0")
+    assert (vectors.get("tests"), vectors.get("failures"), vectors.get("errors")) == ("22", "1", "0")
     assert suites["load.properties"].get("tests") == "12"
     failed = [tc for tc in root.iter("testcase") if tc.find("failure") is not None]
     assert [tc.get("name") for tc in failed] == ["mine/wrong-on-purpose"]

@@ -26,12 +26,13 @@ def workload(seconds: float = 8.0, qps: float = 20.0):
     return [msgspec.structs.replace(r, request_id=f"r{i}") for i, r in enumerate(reqs)]
 
 
-def record(runtime, path: Path, *, weights=None, seconds: float = 5.0, **log_kw):
-    """Run the fleet with a log at ``path``; return (the router, the closed log)."""
+def record(runtime, path: Path, *, weights=None, seconds: float = 5.0, params=None, **log_kw):
+    """Run the fleet with a log at ``path``; return (the router, the closed log).
+    ``params``: policy name -> its params."""
     from epick.sim.config import DEFAULT_CONFIG
     from epick.sim.fleet import Fleet
 
-    router = EpickRouter(wasm_set(runtime, weights or DEFAULT_WEIGHTS), seed=1)
+    router = EpickRouter(wasm_set(runtime, weights or DEFAULT_WEIGHTS, params), seed=1)
     log = DecisionLog(path, **log_kw).attach(router.scheduler).start()
     try:
         fleet = Fleet(8, msgspec.structs.replace(DEFAULT_CONFIG, max_loras=3), seed=1)

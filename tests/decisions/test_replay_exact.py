@@ -51,7 +51,9 @@ def test_the_replay_depends_on_the_recorded_hooks(tmp_path, record, runtime):
 
 
 def test_a_changed_weight_and_profile_change_picks_and_say_which(tmp_path, record, runtime):
-    record(tmp_path / "d.log")
+    # load without its recent picks: with them, a changed pick changes load's later
+    # scores too (its state follows the picks, as lora-affinity's history does; below)
+    record(tmp_path / "d.log", params={"load": {"recent_requests": 0.0}})
     changes = Changes(weights={"load": 5.0},
                       params={"lora-affinity": {"profile": "upstream"}})
 
@@ -71,6 +73,16 @@ def test_a_changed_weight_and_profile_change_picks_and_say_which(tmp_path, recor
     assert load.changed == 0  # a weight changes totals, not the policy's own scores
     assert sum(b for _, b in r.spread.values()) == r.decisions
     assert "load w=5" in r.replayed_policies[0]
+
+
+def test_loads_recent_picks_follow_the_replayed_picks(tmp_path, record, runtime):
+    """With the defaults (recent picks on), picks that change under a changed weight
+    change load's own later scores: its state is rebuilt from the replayed picks."""
+    record(tmp_path / "d.log")
+    r = replay([tmp_path / "d.log"], Changes(weights={"load": 5.0}), runtime=runtime)
+    assert r.agreement < 1.0
+    load = next(d for d in r.score_deltas if d.policy == "load")
+    assert load.changed > 0
 
 
 def test_a_replacement_module_scores_in_place_of_the_recorded_one(tmp_path, record, runtime):

@@ -57,7 +57,7 @@ def test_a_policy_imports_nothing(name):
 
 
 EXPECTED_EXPORTS = {
-    "load": {"score", "set_snapshot", "describe", "output_ptr", "output_len"},
+    "load": {"score", "set_snapshot", "pre_request", "describe", "output_ptr", "output_len"},
     "lora-affinity": {"score", "set_snapshot", "pre_request", "post_response", "describe", "export_state",
                       "import_state", "output_ptr", "output_len"},
     "prefix-cache": {"score", "set_snapshot", "pre_request", "describe", "export_state", "import_state",

@@ -69,9 +69,11 @@ def test_resident_snapshot_scores_like_an_inline_one(policy):
         ({"queue_weight": -1}, "param 'queue_weight': -1 must be a finite number >= 0"),
         ({"queue_weight": 0, "kv_weight": 0, "work_weight": 0}, "params 'queue_weight', 'kv_weight' and 'work_weight' are all 0; at least one must be > 0"),
         ({"work_scale": 0}, "param 'work_scale': 0 must be a finite number > 0"),
+        ({"recent_requests": -1}, "param 'recent_requests': -1 must be a finite number >= 0"),
+        ({"recent_ms": 0}, "param 'recent_ms': 0 must be a finite number > 0"),
         ({"kv_weight": "high"}, "param 'kv_weight': expected a number, got a string"),
     ],
-    ids=["negative", "all-zero", "zero-scale", "ill-typed"],
+    ids=["negative", "all-zero", "zero-scale", "negative-recent", "zero-recent-ms", "ill-typed"],
 )
 def test_bad_weights_are_refused_naming_the_param(policy, params, message):
     with pytest.raises(PolicyLoadError) as info:
@@ -82,7 +84,8 @@ def test_bad_weights_are_refused_naming_the_param(policy, params, message):
 def test_describe_reports_kind_and_default_weights(policy):
     d = policy("load").describe()
     assert (d.name, d.kind, d.params) == ("load", "load", {
-        "queue_weight": 1.0, "kv_weight": 1.0, "work_weight": 2.0, "work_scale": 8.0})
+        "queue_weight": 1.0, "kv_weight": 1.0, "work_weight": 2.0, "work_scale": 8.0,
+        "recent_requests": 8.0, "recent_ms": 45.0})
 
 
 def test_queues_at_the_int64_limits_still_score_in_range(policy):
