@@ -119,8 +119,7 @@ class ServerConfig(_Table):
     worker ``epick-extproc`` (build it with ``make native``; docs/envoy.md), which hand
     each request's headers and body to this process to be read and decided by the same
     code, and do the per-chunk work (echo, TTFT, usage lines) outside Python. ``[http]``
-    stays in this process with ``native``. The observer streams of
-    ``envoy-observer.yaml`` need ``python``."""
+    stays in this process with ``native``."""
 
 
 class PoolConfig(_Table):

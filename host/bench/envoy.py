@@ -3,7 +3,8 @@ ext_proc body modes; and a load run of many concurrent streaming requests.
 
     epick bench envoy latency [--requests 2000] [--concurrency 1,8] [--workers 1]
     epick bench envoy load [--concurrent 500,1000] [--requests 2000] [--workers 1,2]
-                           [--modes buffered,streamed,observed] [--frontend python,native]
+                           [--modes buffered,streamed,observed] [--rounds 3]
+                           [--frontend python,native,native-fixed]
     epick bench envoy pick [--workers 1,2] [--requests 4000] [--frontend python,native]
 
 Processes (all loopback): a replica (aiohttp, one process; answers at once, or streams
@@ -32,8 +33,17 @@ thread sending unary gRPC Picks to each in turn in blocks of 200 (so noise hits 
 alike): p50/p99 per worker count and its ratio to the first (the Pick API stays in the
 service's process; this shows what the workers beside it cost the quiet case). Nothing is
 asserted; it reports. ``--frontend native`` needs ``make native`` (the C++ ext_proc worker);
-the observed mode is Python-only (the native worker refuses observer streams), so it is
-left out of native runs.
+``--frontend native-fixed`` (load only) is that worker with EPICK_EXTPROC_FIXED=1: it
+replays the first answer of each shape without asking the hub (no decision, no report),
+so Envoy with an ext_proc server that decides nothing: the ceiling of any front end on
+this machine (the observed mode is left out of its runs).
+
+``--rounds N`` (load; default 3): every epick (front end × worker count) and its Envoys
+start at once, and per concurrency N rounds alternate Envoy alone and every cell (each
+round starting one cell later); the ratio of a run is to its round's Envoy alone, and
+the medians over the rounds are printed at the end (errors summed). One round swings
+with the machine (Envoy alone did 794–1,152 req/s in runs a minute apart), so the default
+is 3; ``--rounds 1`` is the old one-pass table.
 
 Envoy runs through the Envoy tests' own harness (tests/envoy/envoy_harness.py: the
 committed examples, ports rewritten), so this runs from a git checkout with ``make envoy``.

@@ -100,9 +100,10 @@ def native_binary():
 @pytest.fixture
 def native_epick(epick, native_binary):
     """The conftest's ``epick``, served by the native front end (one worker unless the
-    test asks for more)."""
+    test asks for more) unless the test names another ``server.frontend`` (the side-by-side
+    tests start a Python one beside it)."""
     def start(addresses, *, server=None, **kw):
-        return epick(addresses, server={**(server or {}), "frontend": "native"}, **kw)
+        return epick(addresses, server={"frontend": "native", **(server or {})}, **kw)
     return start
 
 
