@@ -149,15 +149,6 @@ def test_the_same_conversations_give_the_same_bytes_and_reports(epick, replicas,
     assert by_name["streamed, a 500 answer"] == [(1, None, None, False)]
 
 
-# The observer's protocol tests (an observer stream, and a routing stream told by its
-# metadata that an observer reports) again, on the native worker.
-import test_ext_proc_protocol  # noqa: E402
-
-for _name in ("pool", *(n for n in dir(test_ext_proc_protocol)
-                        if n.startswith("test_") and "observ" in n)):
-    globals()[_name] = getattr(test_ext_proc_protocol, _name)
-
-
 def _observed_conversations(svc) -> list:
     """(the routing stream's answers, the observer's, the reports) for the observer
     file's shapes; decision ids replaced (each run makes its own)."""

@@ -13,7 +13,8 @@
 // PickHttp frame -> Routed). What is done here: the ext_proc state machine (BUFFERED
 // and FULL_DUPLEX_STREAMED), echoing body chunks, the response-headers answer, TTFT and
 // the raw usage lines (decoded by the Hub with epick.api.usage's rules) and the
-// completion report. Messages are hand-parsed protobuf (no codegen): the field numbers
+// completion report; observer streams (observability_mode, envoy-observer.yaml) and
+// the routing streams an observer reports for (x-epick-observed); Health Check/Watch. Messages are hand-parsed protobuf (no codegen): the field numbers
 // below are Envoy's, checked against the Python classes by tests/envoy/test_native.py.
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
