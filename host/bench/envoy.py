@@ -353,13 +353,14 @@ def _ext_proc_stats(envoy) -> dict[str, int]:
     return out
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and its live children (epick's workers)."""
+def _cpu_s(pid: int, children: bool = True) -> float:
+    """CPU seconds (user + system) of ``pid`` and (``children``) its live children
+    (epick's workers)."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     pids = [pid]
     try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
+        for task in Path(f"/proc/{pid}/task").iterdir() if children else ():
             pids += [int(c) for c in (task / "children").read_text().split()]
     except OSError:
         pass
@@ -378,15 +379,24 @@ def _cpu_s(pid: int) -> float:
 FRONTENDS = ("python", "native", "native-fixed")
 
 
+#: The replica process's pid (``main`` sets it), for its CPU per request.
+REPLICA_PID = 0
+
+
 def _measure(url: str, conc: int, requests: int, pids: dict[str, int],
              envoy=None) -> dict:
     """One load run, with the CPU each of ``pids`` spent per request and (given the
     Envoy) its ext_proc counters' change."""
     before = _ext_proc_stats(envoy) if envoy is not None else {}
-    cpu0 = {k: _cpu_s(p) for k, p in pids.items()}
+    # The client (this process, not its children) and the replica too: with the path's
+    # Envoy and epick, all the CPU a request costs on this machine.
+    pids = {**pids, "client": os.getpid(), **({"replica": REPLICA_PID} if REPLICA_PID else {})}
+    cpu0 = {k: _cpu_s(p, k != "client") for k, p in pids.items()}
     row = asyncio.run(load_one(url, conc, requests))
     for k, p in pids.items():
-        row[f"{k}_cpu_ms_per_req"] = round((_cpu_s(p) - cpu0[k]) / requests * 1e3, 2)
+        row[f"{k}_cpu_ms_per_req"] = round((_cpu_s(p, k != "client") - cpu0[k])
+                                           / requests * 1e3, 2)
+    row["total_cpu_ms_per_req"] = round(sum(row[f"{k}_cpu_ms_per_req"] for k in pids), 2)
     if envoy is not None:
         after = _ext_proc_stats(envoy)
         # Why Envoy's own errors happened (its ext_proc filter's counters).
@@ -402,7 +412,7 @@ def _median(xs) -> float:
 SUMMARY_HEADER = (f"{'front':<12} {'workers':>7} {'mode':<9} {'conc':>5} {'rounds':>6} "
                   f"{'ok':>6} {'epick':>5} {'envoy':>5} {'client':>6} {'cut':>4} "
                   f"{'req/s':>7} {'x envoy':>7} {'(min-max)':>11} {'p50 ms':>7} "
-                  f"{'epick ms':>8} {'envoy ms':>8}")
+                  f"{'epick ms':>8} {'envoy ms':>8} {'total ms':>8} {'x by CPU':>8}")
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -431,7 +441,11 @@ def summarize(runs: list[dict]) -> list[dict]:
             "epick_cpu_ms_per_req": round(_median(
                 [r["epick_cpu_ms_per_req"] for r in rs if "epick_cpu_ms_per_req" in r]), 2),
             "envoy_cpu_ms_per_req": round(_median(
-                [r["envoy_cpu_ms_per_req"] for r in rs]), 2)})
+                [r["envoy_cpu_ms_per_req"] for r in rs]), 2),
+            "total_cpu_ms_per_req": round(_median(
+                [r["total_cpu_ms_per_req"] for r in rs]), 2),
+            "x_envoy_cpu": round(_median([r["x_envoy_cpu"] for r in rs]), 3)
+            if ratios else None})
     return out
 
 
@@ -444,7 +458,9 @@ def _summary_row(c: dict) -> str:
     return (f"{c['frontend']:<12} {c['workers']!s:>7} {c['path']:<9} {c['concurrent']:>5} "
             f"{c['rounds']:>6} {c['ok']:>6} {src['epick']:>5} {src['envoy']:>5} "
             f"{src['client']:>6} {src['cut']:>4} {c['req_per_s']:>7} {ratio:>7} "
-            f"{spread:>11} {c['p50_ms']:>7} {epick!s:>8} {c['envoy_cpu_ms_per_req']!s:>8}")
+            f"{spread:>11} {c['p50_ms']:>7} {epick!s:>8} {c['envoy_cpu_ms_per_req']!s:>8} "
+            f"{c['total_cpu_ms_per_req']!s:>8} "
+            f"{'-' if c['x_envoy_cpu'] is None else format(c['x_envoy_cpu'], '.2f'):>8}")
 
 
 def run_load(args, replica: str, work: Path) -> dict:
@@ -488,7 +504,9 @@ def run_load(args, replica: str, work: Path) -> dict:
                 report["runs"].append({"frontend": "-", "workers": "-", "path": "envoy",
                                        "concurrent": conc, "round": r, **base})
                 print(_load_row("-", "envoy", conc, base, None), flush=True)
-                print(f"{'':>30} CPU ms per request: Envoy {base['envoy_cpu_ms_per_req']}",
+                print(f"{'':>30} CPU ms per request: Envoy {base['envoy_cpu_ms_per_req']}, "
+                      f"replica {base.get('replica_cpu_ms_per_req', '-')}, client "
+                      f"{base['client_cpu_ms_per_req']}; total {base['total_cpu_ms_per_req']}",
                       flush=True)
                 k = r % len(cells)
                 for f, w, name in cells[k:] + cells[:k]:
@@ -496,11 +514,18 @@ def run_load(args, replica: str, work: Path) -> dict:
                     row = _measure(envoy.url, conc, requests,
                                    {"epick": epicks[f, w].pid, "envoy": envoy.proc.pid}, envoy)
                     row["x_envoy"] = round(row["req_per_s"] / base["req_per_s"], 3)
+                    # What the CPU alone predicts on a saturated machine: Envoy alone's
+                    # CPU per request over this path's (both this round's).
+                    row["x_envoy_cpu"] = round(base["total_cpu_ms_per_req"]
+                                               / max(row["total_cpu_ms_per_req"], 1e-9), 3)
                     report["runs"].append({"frontend": f, "workers": w, "path": name,
                                            "concurrent": conc, "round": r, **row})
                     print(_load_row(str(w), name, conc, row, base["req_per_s"], f), flush=True)
                     print(f"{'':>30} CPU ms per request: epick "
-                          f"{row['epick_cpu_ms_per_req']}, Envoy {row['envoy_cpu_ms_per_req']}",
+                          f"{row['epick_cpu_ms_per_req']}, Envoy {row['envoy_cpu_ms_per_req']}, "
+                          f"replica {row.get('replica_cpu_ms_per_req', '-')}, client "
+                          f"{row['client_cpu_ms_per_req']}; total "
+                          f"{row['total_cpu_ms_per_req']} (x envoy by CPU {row['x_envoy_cpu']})",
                           flush=True)
                     for what, n in sorted(row["errors"].items(), key=lambda kv: -kv[1])[:3]:
                         print(f"{'':>30} {n} x {what}")
@@ -647,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
     replica = mp.get_context("spawn").Process(
         target=replica_main, args=(port, args.chunks, args.chunk_delay), daemon=True)
     replica.start()
+    global REPLICA_PID
+    REPLICA_PID = replica.pid
     epick = None
     try:
         wait_port(port, "the replica")
