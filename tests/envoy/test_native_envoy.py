@@ -327,3 +327,41 @@ def test_with_flow_control_a_native_workers_request_is_decided_through_the_queue
         assert [kw["status"] for kw in seen] == [0]
         bad = converse(svc, [duplex_headers(), body_msg(b"{not json")])
         assert bad[0].immediate_response.status.code == 400
+
+
+def _auto_config(tmp_path, pool) -> cfg.Config:
+    config = _native_config(tmp_path, pool, 1)
+    return msgspec.structs.replace(config, server=msgspec.structs.replace(
+        config.server, frontend="auto"))
+
+
+def _routes(svc) -> bool:
+    out = converse(svc, [duplex_headers(), body_msg({"model": "base", "prompt": "hi"})])
+    return out[0].request_headers.response.header_mutation.set_headers[0].header.key == (
+        "x-gateway-destination-endpoint")
+
+
+def test_auto_serves_native_when_it_is_built_and_says_so(tmp_path, replicas, native_binary,
+                                                         caplog):
+    caplog.set_level("INFO", logger="epick.service")
+    pool = [r.address for r in replicas(1, vllm_page())]
+    with running(_auto_config(tmp_path, pool)) as svc:
+        assert svc.service.frontend == "native"
+        assert {_exe(p) for p in svc.service.workers.pids.values()} == {"epick-extproc"}
+        assert _routes(svc)
+    (line,) = [r.getMessage() for r in caplog.records if 'frontend = "auto"' in r.getMessage()]
+    assert "native front end" in line and str(native_binary) in line
+
+
+def test_auto_without_the_native_binary_serves_python_and_says_why(tmp_path, replicas,
+                                                                   monkeypatch, caplog):
+    """A wheel without the C++ worker (or a checkout before `make native`) still starts."""
+    caplog.set_level("INFO", logger="epick.service")
+    monkeypatch.setenv("EPICK_EXTPROC_BINARY", str(tmp_path / "nowhere" / "epick-extproc"))
+    pool = [r.address for r in replicas(1, vllm_page())]
+    with running(_auto_config(tmp_path, pool)) as svc:
+        assert svc.service.frontend == "python"
+        assert svc.service.workers is None  # ext_proc in the service's own process
+        assert _routes(svc)
+    (line,) = [r.getMessage() for r in caplog.records if 'frontend = "auto"' in r.getMessage()]
+    assert "python front end" in line and "make native" in line
