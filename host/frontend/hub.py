@@ -52,6 +52,9 @@ class _Connection(asyncio.Protocol):
         self.worker: int | None = None
         #: Picks waiting in flow control for this worker (cancelled when it goes away).
         self.waiting: set[asyncio.Task] = set()
+        #: While ``data_received`` answers one read's frames: their answers, written in
+        #: one piece at its end (one write a read, not one a pick; None: write at once).
+        self._batch: list[bytes] | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -71,6 +74,15 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
             return
         hub = self.hub
+        self._batch = []
+        try:
+            self._answer_all(messages, hub)
+        finally:
+            batch, self._batch = self._batch, None
+            if batch and self.transport is not None and not self.transport.is_closing():
+                self.transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
+
+    def _answer_all(self, messages, hub: Hub) -> None:
         for msg in messages:
             if type(msg) is wire.Pick:
                 self._pick(msg)
@@ -163,7 +175,9 @@ class _Connection(asyncio.Protocol):
                                   d.decision_id, response, tp, ts))
 
     def send(self, msg) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        if self._batch is not None:
+            self._batch.append(wire.frame(msg))
+        elif self.transport is not None and not self.transport.is_closing():
             self.transport.write(wire.frame(msg))
 
 

@@ -268,18 +268,32 @@ class Hub {
     std::memcpy(addr.sun_path, path.data(), path.size());
     return ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   }
+  // Frames from many threads, in order, few writes: a thread appends its frame; the
+  // first to find no write under way writes everything pending (its own and what the
+  // others appended meanwhile) until nothing is left.
   void send(const Pack& msg) {
-    std::string buf(4, '\0');
     uint32_t n = msg.b.size();
-    std::memcpy(&buf[0], &n, 4);  // little-endian on every platform Debian builds this for
-    buf += msg.b;
-    std::lock_guard<std::mutex> lock(write_mu_);
-    for (size_t off = 0; off < buf.size();) {
-      ssize_t w = ::write(fd_, buf.data() + off, buf.size() - off);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return;  // the reader sees the hub gone and stops the worker
-      off += w;
+    char len[4];
+    std::memcpy(len, &n, 4);  // little-endian on every platform Debian builds this for
+    std::unique_lock<std::mutex> lock(write_mu_);
+    unsent_.append(len, 4);
+    unsent_ += msg.b;
+    if (flushing_) return;
+    flushing_ = true;
+    std::string out;
+    while (!unsent_.empty()) {
+      out.clear();
+      out.swap(unsent_);
+      lock.unlock();
+      for (size_t off = 0; off < out.size();) {
+        ssize_t w = ::write(fd_, out.data() + off, out.size() - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;  // the reader sees the hub gone and stops the worker
+        off += w;
+      }
+      lock.lock();
     }
+    flushing_ = false;
   }
   uint64_t enroll(Stream* s) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -295,18 +309,33 @@ class Hub {
   std::atomic<bool> serving{false}, lost{false};
 
  private:
+  // `n` bytes from the socket, read in large pieces (one read carries many frames).
   bool read_all(void* out, size_t n) {
     auto* p = static_cast<char*>(out);
     while (n) {
-      ssize_t r = ::read(fd_, p, n);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) return false;
-      p += r, n -= r;
+      if (rpos_ == rbuf_.size()) {
+        rbuf_.resize(1 << 16);
+        rpos_ = 0;
+        ssize_t r = ::read(fd_, &rbuf_[0], rbuf_.size());
+        if (r < 0 && errno == EINTR) {
+          rbuf_.clear();
+          continue;
+        }
+        if (r <= 0) return false;
+        rbuf_.resize(size_t(r));
+      }
+      size_t take = std::min(n, rbuf_.size() - rpos_);
+      std::memcpy(p, rbuf_.data() + rpos_, take);
+      rpos_ += take, p += take, n -= take;
     }
     return true;
   }
   int fd_ = -1;
   std::mutex write_mu_, mu_;
+  std::string unsent_;  // frames not yet written (under write_mu_)
+  bool flushing_ = false;
+  std::string rbuf_;  // read_loop's: bytes read and not yet framed
+  size_t rpos_ = 0;
   uint64_t next_ = 0;
   std::unordered_map<uint64_t, Stream*> pending_;
 };
