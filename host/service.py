@@ -535,7 +535,9 @@ class Service:
         if self.config.ext_proc.listen:
             from epick.frontend.supervisor import resolve_frontend
 
-            self.frontend, why = resolve_frontend(self.config.server.frontend)
+            self.frontend, why = resolve_frontend(
+                self.config.server.frontend, workers=self.config.server.workers,
+                http=bool(self.config.http.listen))
             if self.config.server.frontend == "auto":
                 log.info('[server] frontend = "auto": ext_proc served by the %s front end (%s)',
                          self.frontend, why)

@@ -42,12 +42,18 @@ def native_binary() -> Path:
     return path
 
 
-def resolve_frontend(frontend: str) -> tuple[str, str]:
+def resolve_frontend(frontend: str, *, workers: int = 1, http: bool = False
+                     ) -> tuple[str, str]:
     """``[server] frontend`` as it will be served, and why: ``auto`` is ``native`` when the
     native worker is built (``native_binary``), else ``python`` (a wheel without it, a
-    checkout before ``make native``); ``python`` and ``native`` are themselves."""
+    checkout before ``make native``) — and ``python`` when ``[http]`` is on with ``workers``
+    > 1, which Python's workers serve in N processes and native would leave to the
+    service's one; ``python`` and ``native`` are themselves."""
     if frontend != "auto":
         return frontend, "set in [server] frontend"
+    if workers > 1 and http:
+        return "python", (f"[http] is on with workers = {workers}: the Python workers serve "
+                          "it and ext_proc in every worker process")
     try:
         path = native_binary()
     except FileNotFoundError:

@@ -329,10 +329,13 @@ def test_with_flow_control_a_native_workers_request_is_decided_through_the_queue
         assert bad[0].immediate_response.status.code == 400
 
 
-def _auto_config(tmp_path, pool) -> cfg.Config:
+def _auto_config(tmp_path, pool, **server) -> cfg.Config:
+    """The config with no ``frontend`` named: the default, ``auto``."""
     config = _native_config(tmp_path, pool, 1)
-    return msgspec.structs.replace(config, server=msgspec.structs.replace(
-        config.server, frontend="auto"))
+    defaults = msgspec.structs.asdict(config.server)
+    del defaults["frontend"]
+    return msgspec.structs.replace(config, server=msgspec.convert(
+        {**defaults, **server}, cfg.ServerConfig))
 
 
 def _routes(svc) -> bool:
@@ -345,7 +348,9 @@ def test_auto_serves_native_when_it_is_built_and_says_so(tmp_path, replicas, nat
                                                          caplog):
     caplog.set_level("INFO", logger="epick.service")
     pool = [r.address for r in replicas(1, vllm_page())]
-    with running(_auto_config(tmp_path, pool)) as svc:
+    config = _auto_config(tmp_path, pool)
+    assert config.server.frontend == "auto"  # the default
+    with running(config) as svc:
         assert svc.service.frontend == "native"
         assert {_exe(p) for p in svc.service.workers.pids.values()} == {"epick-extproc"}
         assert _routes(svc)
@@ -365,3 +370,18 @@ def test_auto_without_the_native_binary_serves_python_and_says_why(tmp_path, rep
         assert _routes(svc)
     (line,) = [r.getMessage() for r in caplog.records if 'frontend = "auto"' in r.getMessage()]
     assert "python front end" in line and "make native" in line
+
+
+def test_auto_keeps_python_when_http_is_served_by_several_workers(tmp_path, replicas,
+                                                                  native_binary, caplog):
+    """[http] with workers > 1 is served by Python's workers: auto keeps them."""
+    caplog.set_level("INFO", logger="epick.service")
+    pool = [r.address for r in replicas(1, vllm_page())]
+    config = _auto_config(tmp_path, pool, workers=2)
+    config = msgspec.structs.replace(config, http=cfg.HttpConfig(listen="127.0.0.1:0"))
+    with running(config) as svc:
+        assert svc.service.frontend == "python"
+        assert {_exe(p) for p in svc.service.workers.pids.values()} != {"epick-extproc"}
+        assert _routes(svc)
+    (line,) = [r.getMessage() for r in caplog.records if 'frontend = "auto"' in r.getMessage()]
+    assert "python front end" in line and "workers = 2" in line
