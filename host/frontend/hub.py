@@ -6,7 +6,10 @@ gRPC Pick API and the in-process ext_proc use — and its verdict goes back as a
 :class:`~epick.frontend.wire.Answer`; completions reach the scheduler as ReportCompletion
 does. Frames are read and answered in ``data_received``, on the event-loop thread: one
 read can carry many picks under load, and each is decided without an ``await`` in
-between, as a PickStream message is.
+between, as a PickStream message is; their answers leave in one write at the read's end
+(one system call a read, not one a pick: 13–24% of this process's busy time under native
+load before, docs/performance.md). Answers decided later (flow control) are written as
+they come.
 
 With tracing on, the service's tracer decides here as for any front end: the worker's
 ``PickRequest.headers`` carry the caller's ``traceparent`` / ``tracestate`` (ext_proc's
