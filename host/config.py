@@ -113,14 +113,16 @@ class ServerConfig(_Table):
     each hands only the decision to this process over a local socket, so policy state,
     in-flight counts and the decision log stay one whole. The gRPC Pick API stays here.
     Restarted when they die, stopped with the service."""
-    frontend: Literal["python", "native"] = "python"
-    """Who serves ``[ext_proc]``: ``python`` (grpc.aio: in this process with 1 worker, in
+    frontend: Literal["python", "native", "auto"] = "auto"
+    """Who serves ``[ext_proc]``: ``auto`` (the default) — ``native`` when the C++ worker is
+    built (``make native``; ``EPICK_EXTPROC_BINARY``), else ``python`` (the wheel does not
+    carry it), and ``python`` when ``[http]`` is on with ``workers`` > 1; said in one log
+    line at start — or ``python`` (grpc.aio: in this process with 1 worker, in
     ``workers`` Python processes with more) or ``native``: ``workers`` processes of the C++
     worker ``epick-extproc`` (build it with ``make native``; docs/envoy.md), which hand
     each request's headers and body to this process to be read and decided by the same
     code, and do the per-chunk work (echo, TTFT, usage lines) outside Python. ``[http]``
-    stays in this process with ``native``. The observer streams of
-    ``envoy-observer.yaml`` need ``python``."""
+    stays in this process with ``native``."""
 
 
 class PoolConfig(_Table):

@@ -348,6 +348,8 @@ class Service:
         """The front-end workers' hub (``[server] workers`` > 1, ext_proc or HTTP on)."""
         self.workers = None
         """Their supervisor: ``workers.pids`` (index -> pid), ``workers.restarts``."""
+        self.frontend = "python"
+        """``[server] frontend`` as served (``auto`` resolved when the service starts)."""
         self._watchers_stop: anyio.Event | None = None
         self._serving: bool | None = None
         self._applied_policies: dict[str, tuple] = {}
@@ -530,7 +532,16 @@ class Service:
         # their ports (SO_REUSEPORT, not listening) and decides for them.
         reserved: list[socket.socket] = []
         # [server] frontend = "native": ext_proc in native workers (even one); [http] here.
-        native = self.config.server.frontend == "native" and bool(self.config.ext_proc.listen)
+        if self.config.ext_proc.listen:
+            from epick.frontend.supervisor import resolve_frontend
+
+            self.frontend, why = resolve_frontend(
+                self.config.server.frontend, workers=self.config.server.workers,
+                http=bool(self.config.http.listen))
+            if self.config.server.frontend == "auto":
+                log.info('[server] frontend = "auto": ext_proc served by the %s front end (%s)',
+                         self.frontend, why)
+        native = self.frontend == "native"
         in_workers = native or self.config.server.workers > 1 and bool(
             self.config.ext_proc.listen or self.config.http.listen)
         http_here = bool(self.config.http.listen) and (native or not in_workers)

@@ -3,7 +3,8 @@ ext_proc body modes; and a load run of many concurrent streaming requests.
 
     epick bench envoy latency [--requests 2000] [--concurrency 1,8] [--workers 1]
     epick bench envoy load [--concurrent 500,1000] [--requests 2000] [--workers 1,2]
-                           [--modes buffered,streamed,observed] [--frontend python,native]
+                           [--modes buffered,streamed,observed] [--rounds 3]
+                           [--frontend python,native,native-fixed]
     epick bench envoy pick [--workers 1,2] [--requests 4000] [--frontend python,native]
 
 Processes (all loopback): a replica (aiohttp, one process; answers at once, or streams
@@ -32,8 +33,17 @@ thread sending unary gRPC Picks to each in turn in blocks of 200 (so noise hits 
 alike): p50/p99 per worker count and its ratio to the first (the Pick API stays in the
 service's process; this shows what the workers beside it cost the quiet case). Nothing is
 asserted; it reports. ``--frontend native`` needs ``make native`` (the C++ ext_proc worker);
-the observed mode is Python-only (the native worker refuses observer streams), so it is
-left out of native runs.
+``--frontend native-fixed`` (load only) is that worker with EPICK_EXTPROC_FIXED=1: it
+replays the first answer of each shape without asking the hub (no decision, no report),
+so Envoy with an ext_proc server that decides nothing: the ceiling of any front end on
+this machine (the observed mode is left out of its runs).
+
+``--rounds N`` (load; default 3): every epick (front end × worker count) and its Envoys
+start at once, and per concurrency N rounds alternate Envoy alone and every cell (each
+round starting one cell later); the ratio of a run is to its round's Envoy alone, and
+the medians over the rounds are printed at the end (errors summed). One round swings
+with the machine (Envoy alone did 794–1,152 req/s in runs a minute apart), so the default
+is 3; ``--rounds 1`` is the old one-pass table.
 
 Envoy runs through the Envoy tests' own harness (tests/envoy/envoy_harness.py: the
 committed examples, ports rewritten), so this runs from a git checkout with ``make envoy``.
@@ -123,8 +133,12 @@ def start_epick(replica: str, work: Path, workers: int = 1, *, pick_port: int = 
                 frontend: str = "python") -> tuple[subprocess.Popen, int]:
     ext_proc = free_port()
     conf = work / f"epick-{frontend}-{workers}.toml"
+    env = None
+    if frontend == "native-fixed":  # the bench's ceiling (FRONTENDS): no decisions
+        env = {**os.environ, "EPICK_EXTPROC_FIXED": "1"}
     lines = ["version = 1", "[server]", f'listen = "127.0.0.1:{pick_port or free_port()}"',
-             'metrics_listen = ""', f"workers = {workers}", f'frontend = "{frontend}"',
+             'metrics_listen = ""', f"workers = {workers}",
+             f'frontend = "{frontend.removesuffix("-fixed")}"',
              "[admin]", 'listen = ""', "[runtime]",
              f'cache_dir = "{work / "cache"}"', "[ext_proc]",
              f'listen = "127.0.0.1:{ext_proc}"', 'base_model = "base"', "[pool]",
@@ -138,7 +152,7 @@ def start_epick(replica: str, work: Path, workers: int = 1, *, pick_port: int = 
     log = open(work / "epick.log", "ab")  # noqa: SIM115 (closed with the process)
     proc = subprocess.Popen([str(Path(sys.executable).with_name("epick")), "--log-level", "WARNING",
                              "serve", "--config", str(conf)], stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, env=env)
     wait_port(ext_proc, "epick")
     return proc, ext_proc
 
@@ -289,7 +303,7 @@ async def load_one(url: str, concurrent: int, requests: int, *, model: str = "ba
             "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
-LOAD_HEADER = (f"{'front':<6} {'workers':>7} {'mode':<9} {'conc':>5} {'ok':>5} {'epick':>5} {'envoy':>5} "
+LOAD_HEADER = (f"{'front':<12} {'workers':>7} {'mode':<9} {'conc':>5} {'ok':>5} {'epick':>5} {'envoy':>5} "
                f"{'client':>6} {'cut':>4} {'req/s':>7} {'x envoy':>7} {'p50 ms':>7} "
                f"{'p99 ms':>7} {'load':>5}")
 
@@ -298,7 +312,7 @@ def _load_row(workers: str, name: str, conc: int, row: dict, base: float | None,
               frontend: str = "-") -> str:
     src = row["errors_by_source"]
     ratio = f"{row['req_per_s'] / base:.2f}" if base else "-"
-    return (f"{frontend:<6} {workers:>7} {name:<9} {conc:>5} {row['statuses'].get('200', 0):>5} "
+    return (f"{frontend:<12} {workers:>7} {name:<9} {conc:>5} {row['statuses'].get('200', 0):>5} "
             f"{src['epick']:>5} {src['envoy']:>5} {src['client']:>6} {src['cut']:>4} "
             f"{row['req_per_s']:>7} {ratio:>7} {row['p50_ms']:>7} {row['p99_ms']:>7} "
             f"{row['load_avg_1m']:>5}")
@@ -339,13 +353,14 @@ def _ext_proc_stats(envoy) -> dict[str, int]:
     return out
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and its live children (epick's workers)."""
+def _cpu_s(pid: int, children: bool = True) -> float:
+    """CPU seconds (user + system) of ``pid`` and (``children``) its live children
+    (epick's workers)."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     pids = [pid]
     try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
+        for task in Path(f"/proc/{pid}/task").iterdir() if children else ():
             pids += [int(c) for c in (task / "children").read_text().split()]
     except OSError:
         pass
@@ -358,67 +373,179 @@ def _cpu_s(pid: int) -> float:
     return total
 
 
+#: ``--frontend`` names: ``[server] frontend``, and the bench-only ``native-fixed`` (the
+#: native worker answering every request with the first answer of its shape, replayed
+#: without asking the hub: EPICK_EXTPROC_FIXED=1; the ceiling of any front end here).
+FRONTENDS = ("python", "native", "native-fixed")
+
+
+#: The replica process's pid (``main`` sets it), for its CPU per request.
+REPLICA_PID = 0
+
+
+def _measure(url: str, conc: int, requests: int, pids: dict[str, int],
+             envoy=None) -> dict:
+    """One load run, with the CPU each of ``pids`` spent per request and (given the
+    Envoy) its ext_proc counters' change."""
+    before = _ext_proc_stats(envoy) if envoy is not None else {}
+    # The client (this process, not its children) and the replica too: with the path's
+    # Envoy and epick, all the CPU a request costs on this machine.
+    pids = {**pids, "client": os.getpid(), **({"replica": REPLICA_PID} if REPLICA_PID else {})}
+    cpu0 = {k: _cpu_s(p, k != "client") for k, p in pids.items()}
+    row = asyncio.run(load_one(url, conc, requests))
+    for k, p in pids.items():
+        row[f"{k}_cpu_ms_per_req"] = round((_cpu_s(p, k != "client") - cpu0[k])
+                                           / requests * 1e3, 2)
+    row["total_cpu_ms_per_req"] = round(sum(row[f"{k}_cpu_ms_per_req"] for k in pids), 2)
+    if envoy is not None:
+        after = _ext_proc_stats(envoy)
+        # Why Envoy's own errors happened (its ext_proc filter's counters).
+        row["envoy_ext_proc"] = {k: after[k] - before.get(k, 0)
+                                 for k in after if after[k] != before.get(k, 0)}
+    return row
+
+
+def _median(xs) -> float:
+    return float(np.median(xs)) if len(xs) else float("nan")
+
+
+SUMMARY_HEADER = (f"{'front':<12} {'workers':>7} {'mode':<9} {'conc':>5} {'rounds':>6} "
+                  f"{'ok':>6} {'epick':>5} {'envoy':>5} {'client':>6} {'cut':>4} "
+                  f"{'req/s':>7} {'x envoy':>7} {'(min-max)':>11} {'p50 ms':>7} "
+                  f"{'epick ms':>8} {'envoy ms':>8} {'total ms':>8} {'x by CPU':>8}")
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """Per cell (concurrency, front end, workers, mode): the medians over its rounds of
+    req/s, of the ratio to the Envoy-alone run of the same round, of p50 and of the CPU
+    per request; errors by source and ok summed."""
+    cells: dict[tuple, list[dict]] = {}
+    for r in runs:
+        key = (r["concurrent"], r["frontend"] if r["path"] != "envoy" else "-",
+               r["workers"] if r["path"] != "envoy" else "-", r["path"])
+        cells.setdefault(key, []).append(r)
+    out = []
+    for (conc, frontend, workers, path), rs in cells.items():
+        ratios = [r["x_envoy"] for r in rs if "x_envoy" in r]
+        out.append({
+            "concurrent": conc, "frontend": frontend, "workers": workers, "path": path,
+            "rounds": len(rs), "ok": sum(r["statuses"].get("200", 0) for r in rs),
+            "errors_by_source": {k: sum(r["errors_by_source"][k] for r in rs)
+                                 for k in ("epick", "envoy", "client", "cut")},
+            "req_per_s": round(_median([r["req_per_s"] for r in rs]), 1),
+            "x_envoy": round(_median(ratios), 3) if ratios else None,
+            "x_envoy_min": round(min(ratios), 3) if ratios else None,
+            "x_envoy_max": round(max(ratios), 3) if ratios else None,
+            "p50_ms": round(_median([r["p50_ms"] for r in rs]), 1),
+            "p99_ms": round(_median([r["p99_ms"] for r in rs]), 1),
+            "epick_cpu_ms_per_req": round(_median(
+                [r["epick_cpu_ms_per_req"] for r in rs if "epick_cpu_ms_per_req" in r]), 2),
+            "envoy_cpu_ms_per_req": round(_median(
+                [r["envoy_cpu_ms_per_req"] for r in rs]), 2),
+            "total_cpu_ms_per_req": round(_median(
+                [r["total_cpu_ms_per_req"] for r in rs]), 2),
+            "x_envoy_cpu": round(_median([r["x_envoy_cpu"] for r in rs]), 3)
+            if ratios else None})
+    return out
+
+
+def _summary_row(c: dict) -> str:
+    src = c["errors_by_source"]
+    ratio = f"{c['x_envoy']:.2f}" if c["x_envoy"] is not None else "-"
+    spread = (f"{c['x_envoy_min']:.2f}-{c['x_envoy_max']:.2f}"
+              if c["x_envoy"] is not None else "-")
+    epick = "-" if np.isnan(c["epick_cpu_ms_per_req"]) else c["epick_cpu_ms_per_req"]
+    return (f"{c['frontend']:<12} {c['workers']!s:>7} {c['path']:<9} {c['concurrent']:>5} "
+            f"{c['rounds']:>6} {c['ok']:>6} {src['epick']:>5} {src['envoy']:>5} "
+            f"{src['client']:>6} {src['cut']:>4} {c['req_per_s']:>7} {ratio:>7} "
+            f"{spread:>11} {c['p50_ms']:>7} {epick!s:>8} {c['envoy_cpu_ms_per_req']!s:>8} "
+            f"{c['total_cpu_ms_per_req']!s:>8} "
+            f"{'-' if c['x_envoy_cpu'] is None else format(c['x_envoy_cpu'], '.2f'):>8}")
+
+
 def run_load(args, replica: str, work: Path) -> dict:
-    """Per worker count: epick and the mode Envoys started; per concurrency: Envoy alone,
-    then each mode, back to back (so each ratio compares runs seconds apart)."""
+    """Every epick (front end × worker count) and its mode Envoys started at once; per
+    concurrency, ``--rounds`` rounds of: Envoy alone, then every cell (front end, workers,
+    mode) back to back, each round starting one cell later than the one before (so no
+    cell always runs first after Envoy alone). Each cell's ratio compares it with its
+    round's Envoy alone, seconds apart; with several rounds the medians are printed."""
     report = {"concurrent": args.concurrent, "requests": args.requests, "chunks": args.chunks,
               "chunk_delay_s": args.chunk_delay, "modes": args.modes,
-              "frontends": args.frontend, "runs": []}
-    print(LOAD_HEADER)
+              "frontends": args.frontend, "rounds": args.rounds, "runs": []}
     alone = envoys(free_port(), replica, ("envoy",))["envoy"]
-    alone.start()
+    epicks: dict[tuple[str, int], subprocess.Popen] = {}
+    started: dict[tuple[str, int], dict] = {}
     try:
+        alone.start()
         wait_routing({"envoy": alone.url}, work)
         for frontend, workers in [(f, w) for f in args.frontend for w in args.workers]:
             epick, ext_proc = start_epick(replica, work, workers, frontend=frontend)
-            modes = [m for m in args.modes if frontend == "python" or m != "observed"]
-            started = envoys(ext_proc, replica, modes)
-            try:
-                for e in started.values():
-                    e.start()
-                urls = {k: e.url for k, e in started.items()}
-                wait_routing(urls, work)
-                for conc in args.concurrent:
-                    requests = args.requests or 2 * conc
-                    cpu0 = _cpu_s(alone.proc.pid)
-                    base = asyncio.run(load_one(alone.url, conc, requests))
-                    base["envoy_cpu_ms_per_req"] = round(
-                        (_cpu_s(alone.proc.pid) - cpu0) / requests * 1e3, 2)
-                    report["runs"].append({"frontend": frontend, "workers": workers,
-                                           "path": "envoy", "concurrent": conc, **base})
-                    print(_load_row("-", "envoy", conc, base, None), flush=True)
-                    print(f"{'':>24} CPU ms per request: Envoy {base['envoy_cpu_ms_per_req']}",
+            epicks[frontend, workers] = epick
+            # The observed file needs observer streams: every front end but the fixed one.
+            modes = [m for m in args.modes if frontend != "native-fixed" or m != "observed"]
+            started[frontend, workers] = envoys(ext_proc, replica, modes)
+            for e in started[frontend, workers].values():
+                e.start()
+            wait_routing({k: e.url for k, e in started[frontend, workers].items()}, work)
+        cells = [(f, w, name) for (f, w), es in started.items() for name in es]
+        print(LOAD_HEADER)
+        for conc in args.concurrent:
+            requests = args.requests or 2 * conc
+            # Warm every path (connections, pools, the fixed worker's first answers), not
+            # counted: the first run of a cold Envoy is the slowest.
+            warm = min(conc, 200)
+            asyncio.run(load_one(alone.url, warm, warm))
+            for f, w, name in cells:
+                asyncio.run(load_one(started[f, w][name].url, warm, warm))
+            for r in range(args.rounds):
+                if args.rounds > 1:
+                    print(f"# round {r + 1} of {args.rounds}, {conc} concurrent", flush=True)
+                base = _measure(alone.url, conc, requests, {"envoy": alone.proc.pid})
+                report["runs"].append({"frontend": "-", "workers": "-", "path": "envoy",
+                                       "concurrent": conc, "round": r, **base})
+                print(_load_row("-", "envoy", conc, base, None), flush=True)
+                print(f"{'':>30} CPU ms per request: Envoy {base['envoy_cpu_ms_per_req']}, "
+                      f"replica {base.get('replica_cpu_ms_per_req', '-')}, client "
+                      f"{base['client_cpu_ms_per_req']}; total {base['total_cpu_ms_per_req']}",
+                      flush=True)
+                k = r % len(cells)
+                for f, w, name in cells[k:] + cells[:k]:
+                    envoy = started[f, w][name]
+                    row = _measure(envoy.url, conc, requests,
+                                   {"epick": epicks[f, w].pid, "envoy": envoy.proc.pid}, envoy)
+                    row["x_envoy"] = round(row["req_per_s"] / base["req_per_s"], 3)
+                    # What the CPU alone predicts on a saturated machine: Envoy alone's
+                    # CPU per request over this path's (both this round's).
+                    row["x_envoy_cpu"] = round(base["total_cpu_ms_per_req"]
+                                               / max(row["total_cpu_ms_per_req"], 1e-9), 3)
+                    report["runs"].append({"frontend": f, "workers": w, "path": name,
+                                           "concurrent": conc, "round": r, **row})
+                    print(_load_row(str(w), name, conc, row, base["req_per_s"], f), flush=True)
+                    print(f"{'':>30} CPU ms per request: epick "
+                          f"{row['epick_cpu_ms_per_req']}, Envoy {row['envoy_cpu_ms_per_req']}, "
+                          f"replica {row.get('replica_cpu_ms_per_req', '-')}, client "
+                          f"{row['client_cpu_ms_per_req']}; total "
+                          f"{row['total_cpu_ms_per_req']} (x envoy by CPU {row['x_envoy_cpu']})",
                           flush=True)
-                    for name, url in urls.items():
-                        before = _ext_proc_stats(started[name])
-                        cpu0 = _cpu_s(epick.pid), _cpu_s(started[name].proc.pid)
-                        row = asyncio.run(load_one(url, conc, requests))
-                        cpu1 = _cpu_s(epick.pid), _cpu_s(started[name].proc.pid)
-                        after = _ext_proc_stats(started[name])
-                        # Who spent the CPU: epick (with its workers) and this Envoy.
-                        row["epick_cpu_ms_per_req"] = round((cpu1[0] - cpu0[0]) / requests * 1e3, 2)
-                        row["envoy_cpu_ms_per_req"] = round((cpu1[1] - cpu0[1]) / requests * 1e3, 2)
-                        # Why Envoy's own errors happened (its ext_proc filter's counters).
-                        row["envoy_ext_proc"] = {k: after[k] - before.get(k, 0)
-                                                 for k in after if after[k] != before.get(k, 0)}
-                        row["x_envoy"] = round(row["req_per_s"] / base["req_per_s"], 3)
-                        report["runs"].append({"frontend": frontend, "workers": workers,
-                                               "path": name, "concurrent": conc, **row})
-                        print(_load_row(str(workers), name, conc, row, base["req_per_s"],
-                                        frontend), flush=True)
-                        print(f"{'':>24} CPU ms per request: epick "
-                              f"{row['epick_cpu_ms_per_req']}, Envoy {row['envoy_cpu_ms_per_req']}",
-                              flush=True)
-                        for what, n in sorted(row["errors"].items(), key=lambda kv: -kv[1])[:3]:
-                            print(f"{'':>24} {n} x {what}")
-                        if sum(row["errors_by_source"].values()):
-                            print(f"{'':>24} Envoy's ext_proc counters: {row['envoy_ext_proc']}")
-            finally:
-                for e in started.values():
-                    e.stop()
-                epick.terminate()
-                epick.wait(15)
+                    for what, n in sorted(row["errors"].items(), key=lambda kv: -kv[1])[:3]:
+                        print(f"{'':>30} {n} x {what}")
+                    if sum(row["errors_by_source"].values()):
+                        print(f"{'':>30} Envoy's ext_proc counters: {row['envoy_ext_proc']}")
+        if args.rounds > 1:
+            report["summary"] = summarize(report["runs"])
+            print(f"# medians over {args.rounds} rounds (x envoy: each run / its round's "
+                  "Envoy alone; errors and ok summed; CPU ms per request); load average "
+                  f"{os.getloadavg()[0]:.2f}")
+            print(SUMMARY_HEADER)
+            for c in report["summary"]:
+                print(_summary_row(c), flush=True)
     finally:
+        for es in started.values():
+            for e in es.values():
+                e.stop()
+        for epick in epicks.values():
+            epick.terminate()
+            epick.wait(15)
         alone.stop()
     return report
 
@@ -504,7 +631,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frontend", type=lambda t: [f for f in t.split(",") if f],
                     default=["python"],
                     help="load, pick: epick's [server] frontend, a list (python, native: "
-                         "the C++ ext_proc worker, `make native`); each with every --workers")
+                         "the C++ ext_proc worker, `make native`; load only: native-fixed, "
+                         "the native worker replaying one answer without deciding: the "
+                         "ceiling); each with every --workers")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="load: rounds of (Envoy alone, then every front end / workers / "
+                         "mode), alternated in one run; with more than one, per-cell medians "
+                         "of req/s and of the ratio to the round's Envoy alone")
     ap.add_argument("--chunks", type=int, default=None,
                     help="SSE events per streamed answer (latency 1, load 20)")
     ap.add_argument("--chunk-delay", type=float, default=0.02, help="seconds between events")
@@ -519,10 +652,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.modes) - {"buffered", "streamed", "observed"}
     if unknown:
         ap.error(f"--modes: unknown {', '.join(sorted(unknown))} (buffered, streamed, observed)")
-    unknown = set(args.frontend) - {"python", "native"}
+    unknown = set(args.frontend) - set(FRONTENDS)
     if unknown:
-        ap.error(f"--frontend: unknown {', '.join(sorted(unknown))} (python, native)")
-    if "native" in args.frontend:
+        ap.error(f"--frontend: unknown {', '.join(sorted(unknown))} ({', '.join(FRONTENDS)})")
+    if "native-fixed" in args.frontend and args.what != "load":
+        ap.error("--frontend native-fixed: a load ceiling (no decisions), for `load` only")
+    if args.rounds < 1:
+        ap.error("--rounds: at least 1")
+    if {"native", "native-fixed"} & set(args.frontend):
         from epick.frontend.supervisor import native_binary
 
         try:
@@ -535,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
     replica = mp.get_context("spawn").Process(
         target=replica_main, args=(port, args.chunks, args.chunk_delay), daemon=True)
     replica.start()
+    global REPLICA_PID
+    REPLICA_PID = replica.pid
     epick = None
     try:
         wait_port(port, "the replica")

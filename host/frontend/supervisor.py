@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
-__all__ = ["Workers", "WorkersDidNotStart", "native_binary"]
+__all__ = ["Workers", "WorkersDidNotStart", "native_binary", "resolve_frontend"]
 
 log = logging.getLogger("epick.frontend")
 
@@ -40,6 +40,26 @@ def native_binary() -> Path:
             "which is missing: build it with `make native` (Debian's libgrpc++-dev), or set "
             "frontend = \"python\"")
     return path
+
+
+def resolve_frontend(frontend: str, *, workers: int = 1, http: bool = False
+                     ) -> tuple[str, str]:
+    """``[server] frontend`` as it will be served, and why: ``auto`` is ``native`` when the
+    native worker is built (``native_binary``), else ``python`` (a wheel without it, a
+    checkout before ``make native``) — and ``python`` when ``[http]`` is on with ``workers``
+    > 1, which Python's workers serve in N processes and native would leave to the
+    service's one; ``python`` and ``native`` are themselves."""
+    if frontend != "auto":
+        return frontend, "set in [server] frontend"
+    if workers > 1 and http:
+        return "python", (f"[http] is on with workers = {workers}: the Python workers serve "
+                          "it and ext_proc in every worker process")
+    try:
+        path = native_binary()
+    except FileNotFoundError:
+        where = os.environ.get("EPICK_EXTPROC_BINARY") or "next to its source"
+        return "python", (f"no native ext_proc worker ({where}; `make native` builds it)")
+    return "native", f"the native ext_proc worker is built: {path}"
 
 
 class WorkersDidNotStart(RuntimeError):

@@ -49,7 +49,10 @@ def make_config(addresses, tmp: Path, *, policies=("load",), server=None,
     # Generous staleness: a busy machine must not make a live replica look stale.
     return msgspec.convert({
         "version": 1,
-        "server": {"listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0", **(server or {})},
+        # The Python front end unless a test names one (the native suites do: the
+        # `native_epick` fixture); the default, "auto", would pick native when it is built.
+        "server": {"listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0",
+                   "frontend": "python", **(server or {})},
         "pool": {"scrape_interval_ms": 20, "stale_after_ms": 5000, "timeout_ms": 2000,
                  "endpoints": [{"address": a} for a in addresses]},
         "policies": [{"name": p, "module": p} for p in policies],
@@ -100,9 +103,10 @@ def native_binary():
 @pytest.fixture
 def native_epick(epick, native_binary):
     """The conftest's ``epick``, served by the native front end (one worker unless the
-    test asks for more)."""
+    test asks for more) unless the test names another ``server.frontend`` (the side-by-side
+    tests start a Python one beside it)."""
     def start(addresses, *, server=None, **kw):
-        return epick(addresses, server={**(server or {}), "frontend": "native"}, **kw)
+        return epick(addresses, server={"frontend": "native", **(server or {})}, **kw)
     return start
 
 

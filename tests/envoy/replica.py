@@ -147,6 +147,9 @@ class Replica:
 
         class Server(ThreadingHTTPServer):
             daemon_threads = False
+            # A burst of connections at once (the native front end releases a blocked
+            # loop's decisions together) must not overflow socketserver's backlog of 5.
+            request_queue_size = 128
 
             def handle_error(self, request: object, client_address: object) -> None:
                 pass

@@ -30,14 +30,19 @@ BODY = {"model": "base", "prompt": "hello"}
 
 
 @pytest.mark.parametrize("envoy_mode", ["streamed"])  # BUFFERED: Envoy's 30 s message_timeout
-def test_streams_waiting_over_30s_for_a_busy_loop_are_served(replicas, envoy, tmp_path):
+@pytest.mark.parametrize("frontend", ["python", "native"])  # native: its hub is on the loop
+def test_streams_waiting_over_30s_for_a_busy_loop_are_served(replicas, envoy, tmp_path,
+                                                             frontend, request):
+    if frontend == "native":
+        request.getfixturevalue("native_binary")  # `make native`
     pool = replicas(1, vllm_page())
     addresses = [r.address for r in pool]
     # Scrapes stop with the loop: a long staleness keeps the replica eligible after it.
     base = make_config(addresses, tmp=tmp_path, policies=("load",), stale_after_ms=120_000,
                        timeout_ms=2000)
-    config = msgspec.structs.replace(base, ext_proc=cfg.ExtProcConfig(
-        listen="127.0.0.1:0", base_model="base"))
+    config = msgspec.structs.replace(
+        base, ext_proc=cfg.ExtProcConfig(listen="127.0.0.1:0", base_model="base"),
+        server=msgspec.structs.replace(base.server, frontend=frontend))
     with running(config) as svc:
         proxy = envoy(svc.ext_proc_port, addresses)
         with httpx.Client(base_url=proxy.url, timeout=10) as client:

@@ -29,12 +29,16 @@ def collector(tmp_path):
         c.close()
 
 
+@pytest.mark.parametrize("frontend", ["python", "native"])
 def test_the_model_server_gets_epicks_span_as_its_parent(replicas, envoy, collector,
-                                                          tmp_path):
+                                                          tmp_path, frontend, request):
+    if frontend == "native":
+        request.getfixturevalue("native_binary")  # `make native`
     reps = replicas(2, vllm_page(waiting=0))
     addresses = [r.address for r in reps]
+    base = make_config(addresses, policies=("load",), tmp=tmp_path)
     config = msgspec.structs.replace(
-        make_config(addresses, policies=("load",), tmp=tmp_path),
+        base, server=msgspec.structs.replace(base.server, frontend=frontend),
         ext_proc=cfg.ExtProcConfig(listen="127.0.0.1:0"),
         openai=cfg.OpenAIConfig(base_model="base"),
         tracing=cfg.TracingConfig(enabled=True, endpoint=collector.grpc_endpoint,

@@ -85,3 +85,37 @@ async def test_a_worker_going_away_cancels_its_waiting_picks(tmp_path):
         await _until(lambda: hub.waiting == 0, "the picks to leave with their worker")
         assert picker.decider.cancelled == 3
         tg.cancel_scope.cancel()
+
+
+class _Transport:
+    """Records what the hub writes, one entry a ``write`` call."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def test_the_answers_to_one_reads_frames_leave_in_one_write_in_order(tmp_path):
+    """One read carrying many frames (a busy worker's): every answer, in order, in one
+    write — not one system call a pick (docs/performance.md); the next read's in the next."""
+    from epick.frontend import wire
+    from epick.frontend.hub import _Connection
+
+    conn = _Connection(Hub(_Picker(), tmp_path / "hub.sock"))
+    conn.transport = _Transport()
+    asks = [wire.Tables(i, [("m", "", 0)]) for i in range(1, 6)]
+    conn.data_received(b"".join(wire.frame(a) for a in asks))
+    assert len(conn.transport.writes) == 1
+    answers = wire.Frames(wire.ToWorker).feed(conn.transport.writes[0])
+    assert [a.id for a in answers] == [1, 2, 3, 4, 5]
+    assert {a.outcome for a in answers} == {"error"}  # the picker has no weights stream
+    conn.data_received(wire.frame(wire.Tables(6, [("m", "", 0)])))
+    assert len(conn.transport.writes) == 2
+    assert [a.id for a in wire.Frames(wire.ToWorker).feed(conn.transport.writes[1])] == [6]
+    conn.send(wire.Health(True))  # outside a read (a later answer): written at once
+    assert len(conn.transport.writes) == 3
