@@ -26,14 +26,16 @@ TOKEN = "s3cret"
 
 
 def make_config(addresses, *, policies=("load", "prefix-cache", "lora-affinity"), tmp: Path,
-                **pool_kw) -> cfg.Config:
+                params: dict[str, dict] | None = None, **pool_kw) -> cfg.Config:
+    """``params``: per policy name, the params it is configured with."""
     pool = {"scrape_interval_ms": 20, "stale_after_ms": 400, "timeout_ms": 300, **pool_kw,
             "endpoints": [{"address": a} for a in addresses]}
     return msgspec.convert({
         "version": 1,
         "server": {"listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0"},
         "pool": pool,
-        "policies": [{"name": p, "module": p} for p in policies],
+        "policies": [{"name": p, "module": p, "params": (params or {}).get(p, {})}
+                     for p in policies],
         "runtime": {"cache_dir": str(tmp / "cache")},
         "admin": {"listen": "127.0.0.1:0", "token": TOKEN},
     }, cfg.Config)

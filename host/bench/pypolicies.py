@@ -12,7 +12,9 @@ than keep a second copy under tests/.
 
 from __future__ import annotations
 
+import math
 import struct
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -39,14 +41,27 @@ def work(cycle: Cycle, candidates: tuple[int, ...]) -> np.ndarray:
 
 
 class PyLoad:
-    """queue score (max−q)/(max−min), kv score 1−kv, work score s/(s+w), by weights."""
+    """queue score (max−q)/(max−min), kv score 1−kv, work score s/(s+w), by weights; for
+    base-model requests a replica picked ``age`` ms ago counts
+    ``recent_requests · e^(−age / recent_ms)`` more requests of work (the clock: the later
+    of the snapshot's time and the latest pick)."""
 
-    capabilities = Capabilities.SCORE
+    capabilities = Capabilities.SCORE | Capabilities.PRE_REQUEST
 
     def __init__(self, name: str = "load", queue_weight: float = 1.0, kv_weight: float = 1.0,
-                 work_weight: float = 2.0, work_scale: float = 8.0):
+                 work_weight: float = 2.0, work_scale: float = 8.0,
+                 recent_requests: float = 8.0, recent_ms: float = 45.0):
         self.name = name
         self.wq, self.wkv, self.ww, self.scale = queue_weight, kv_weight, work_weight, work_scale
+        self.recent_n, self.recent_ms = recent_requests, recent_ms
+        self.last_pick: dict[str, int] = {}
+        self.latest_ms = -(2**63)
+
+    def pre_request(self, cycle: Cycle, endpoint: str) -> None:
+        t = cycle.now_ms or int(time.time() * 1000)
+        self.latest_ms = max(self.latest_ms, t)
+        if self.recent_n and endpoint:
+            self.last_pick[endpoint] = max(self.last_pick.get(endpoint, t), t)
 
     def score(self, cycle: Cycle, candidates: tuple[int, ...]) -> np.ndarray:
         eps = cycle.view.snapshot.endpoints
@@ -55,7 +70,14 @@ class PyLoad:
         lo, hi = (q.min(), q.max()) if len(q) else (0.0, 0.0)
         qs = np.ones_like(q) if hi == lo else (hi - q) / (hi - lo)
         kvs = 1.0 - np.clip(kv, 0.0, 1.0)
-        ws = self.scale / (self.scale + work(cycle, candidates))
+        w = work(cycle, candidates)
+        if self.recent_n and not cycle.request.adapter and self.last_pick:
+            now = max(self.latest_ms, cycle.view.snapshot.timestamp_ms)
+            for k, i in enumerate(candidates):
+                t = self.last_pick.get(eps[i].address)
+                if t is not None:
+                    w[k] += self.recent_n * math.exp(-max(now - t, 0) / self.recent_ms)
+        ws = self.scale / (self.scale + w)
         return (self.wq * qs + self.wkv * kvs + self.ww * ws) / (self.wq + self.wkv + self.ww)
 
 

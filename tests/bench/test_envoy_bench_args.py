@@ -11,7 +11,7 @@ def test_an_unknown_front_end_is_refused(capsys):
     with pytest.raises(SystemExit) as exc:
         envoy.main(["load", "--frontend", "python,rust"])
     assert exc.value.code == 2
-    assert "--frontend: unknown rust (python, native)" in capsys.readouterr().err
+    assert "--frontend: unknown rust (python, native, native-fixed)" in capsys.readouterr().err
 
 
 def test_native_without_its_binary_says_how_to_build_it(capsys, monkeypatch, tmp_path):

@@ -132,7 +132,8 @@ def test_check_config_gives_serves_verdict_on_a_misspelt_param(tmp_path, capsys)
     assert served.stderr.strip().splitlines()[-1] == f"epick: {checked}"
     assert checked == (
         f"{path}: policy 'load' rejected: policy 'load': init refused its params: unknown "
-        "param 'kv_limt' (known: queue_weight, kv_weight, work_weight, work_scale)")
+        "param 'kv_limt' (known: queue_weight, kv_weight, work_weight, work_scale, "
+        "recent_requests, recent_ms)")
 
 
 def test_check_config_runs_the_policys_own_param_checks(tmp_path, capsys):
