@@ -241,6 +241,11 @@ const Model = struct {
     /// When its last TTFT sample came (the host's ms; 0 = none since this instance
     /// started or imported it: not exported).
     last_ms: i64 = 0,
+    /// The staleness weight e^(−(now − last_ms) / stale_ms) last computed, for `w_now`
+    /// and `w_last` (picks in the same host millisecond reuse it: the same float).
+    w: f64 = 1.0,
+    w_now: i64 = 0,
+    w_last: i64 = 0,
 };
 
 const Features = struct {
@@ -253,8 +258,8 @@ const Features = struct {
 };
 
 const Pending = struct {
-    address: []u8,
-    /// Its endpoint's index in `models` (entries are never removed while it is pending).
+    /// Its endpoint's index in `models` (entries are never removed while it is pending;
+    /// the address is that entry's key).
     model: u32,
     f: Features,
     at_ms: i64,
@@ -285,6 +290,11 @@ var ahead_now: f64 = -inf;
 var next_seq: u64 = 0;
 /// Session id -> the endpoint it was last picked for (owned keys and values), first-seen order.
 var sessions: std.StringArrayHashMapUnmanaged([]u8) = .empty;
+/// Per snapshot endpoint index (a candidate's `ctx.candidates[i]`): 1 + the index in
+/// `models` its address had when last looked up (0 = none yet). A hint only: it is used
+/// when that model's key is still the candidate's address, else the address is looked up
+/// by hash (a string hash per candidate and pick was most of this policy's own time).
+var slot_model: std.ArrayList(u32) = .empty;
 
 // The last `score` call: its request id and each candidate's features, so that the
 // pre_request that follows it records what the picked candidate looked like.
@@ -306,11 +316,9 @@ fn priorTpot() [Tpot.dim]f64 {
 fn clearState() void {
     for (models.keys()) |k| gpa.free(k);
     models.clearAndFree(gpa);
-    for (pending.keys(), pending.values()) |k, v| {
-        gpa.free(k);
-        gpa.free(v.address);
-    }
+    for (pending.keys()) |k| gpa.free(k);
     pending.clearAndFree(gpa);
+    slot_model.clearAndFree(gpa);
     pick_count.clearAndFree(gpa);
     ahead_list.clearAndFree(gpa);
     ahead_now = -inf;
@@ -406,7 +414,7 @@ fn features(ctx: *const sdk.ScoreCtx, i: usize, index: ?usize, ahead_by_model: [
 
 /// The model that predicts for the candidate whose model is `index` (null: none yet): its
 /// own once it has `min_samples`, else pooled.
-fn modelFor(index: ?usize) *const Model {
+fn modelFor(index: ?usize) *Model {
     if (index) |k| {
         const m = &models.values()[k];
         if (m.ttft.n >= cfg.min_samples) return m;
@@ -416,12 +424,39 @@ fn modelFor(index: ?usize) *const Model {
 
 /// The TTFT `m` predicts at `now`: its coefficient blended into the pooled one as its
 /// last sample ages (`stale_ms`).
-fn predictTtft(m: *const Model, x: *const [Ttft.dim]f64, now: i64) f64 {
+fn predictTtft(m: *Model, x: *const [Ttft.dim]f64, now: i64) f64 {
     const own = m.ttft.predict(x);
     if (cfg.stale_ms == 0 or m == &pooled or m.last_ms == 0 or now <= m.last_ms) return own;
-    const age: f64 = @floatFromInt(now - m.last_ms);
-    const w = @exp(-age / cfg.stale_ms);
+    const w = staleWeight(m, now);
     return w * own + (1.0 - w) * pooled.ttft.predict(x);
+}
+
+/// e^(−(now − last_ms) / stale_ms), computed once per model, `now` and `last_ms` (a new
+/// sample moves `last_ms`, a new millisecond `now`: either recomputes it).
+fn staleWeight(m: *Model, now: i64) f64 {
+    if (m.w_now != now or m.w_last != m.last_ms) {
+        const age: f64 = @floatFromInt(now - m.last_ms);
+        m.w = @exp(-age / cfg.stale_ms);
+        m.w_now = now;
+        m.w_last = m.last_ms;
+    }
+    return m.w;
+}
+
+/// The index in `models` of the i-th candidate's address (null: none yet), through the
+/// `slot_model` hint when it still names that address.
+fn candidateModel(ctx: *const sdk.ScoreCtx, i: usize) sdk.Error!?usize {
+    const address = ctx.endpoint(i).address;
+    const slot = ctx.candidates[i];
+    if (slot < slot_model.items.len) {
+        const hint = slot_model.items[slot];
+        if (hint != 0 and hint - 1 < models.count() and std.mem.eql(u8, models.keys()[hint - 1], address)) return hint - 1;
+    } else {
+        try slot_model.appendNTimes(gpa, 0, slot + 1 - slot_model.items.len);
+    }
+    const k = models.getIndex(address) orelse return null;
+    slot_model.items[slot] = @intCast(k + 1);
+    return k;
 }
 
 /// Within the SLO: 0.5 plus half the candidate's speed relative to the fastest (the
@@ -444,12 +479,12 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
     const now = @max(latest_ms, ctx.snapshot.timestamp_ms);
     const load = try pendingLoad(now);
     const full = try sdk.scratch().alloc(bool, out.len);
-    // Each candidate's model, looked up once (a string hash per lookup was most of this
-    // policy's own time at 64 endpoints).
+    // Each candidate's model, looked up once, by the hint of its snapshot slot when it
+    // holds (a string hash per lookup was most of this policy's own time at 64 endpoints).
     const index = try sdk.scratch().alloc(?usize, out.len);
     var all_full = true;
     for (0..out.len) |i| {
-        index[i] = models.getIndex(ctx.endpoint(i).address);
+        index[i] = try candidateModel(ctx, i);
         full[i] = probeFull(index[i], load);
         all_full = all_full and full[i];
     }
@@ -491,17 +526,22 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
         if (slo_p > 0) s = @min(s, headroom(p[i], p_min, slo_p));
         o.* = s;
     }
-    stick(ctx, out, t, t_min, full);
+    stick(ctx, out, t, t_min, full, index);
 }
 
 /// Sticky until saturated: keep a session on its endpoint while the predicted TTFT there
 /// is within `session_penalty_ms` of the best candidate's.
-fn stick(ctx: *const sdk.ScoreCtx, out: []f64, t: []const f64, t_min: f64, full: []const bool) void {
+fn stick(ctx: *const sdk.ScoreCtx, out: []f64, t: []const f64, t_min: f64, full: []const bool, index: []const ?usize) void {
     const sid = ctx.request.session_id;
     if (sid.len == 0) return;
     const home = sessions.get(sid) orelse return;
+    // The candidates whose address is `home` are those of its model, when it has one.
+    const home_model = models.getIndex(home);
     for (0..out.len) |i| {
-        if (full[i] or !std.mem.eql(u8, ctx.endpoint(i).address, home)) continue;
+        if (full[i]) continue;
+        if (home_model) |k| {
+            if (index[i] != k) continue;
+        } else if (!std.mem.eql(u8, ctx.endpoint(i).address, home)) continue;
         if (t[i] - t_min > cfg.session_penalty_ms) return; // saturated: let go
         for (out, 0..) |*o, j| o.* = if (j == i) 1.0 else o.* * 0.5;
         return;
@@ -555,12 +595,9 @@ fn remember(id: []const u8, address: []const u8, f: Features, at_ms: i64) sdk.Er
     }
     const model: u32 = @intCast(try modelIndex(address));
     try ahead_list.ensureUnusedCapacity(gpa, 1);
-    const copy = try gpa.dupe(u8, address);
-    errdefer gpa.free(copy);
     const got = try pending.getOrPut(gpa, id);
     if (got.found_existing) {
         uncount(got.value_ptr.*);
-        gpa.free(got.value_ptr.address);
     } else {
         got.key_ptr.* = gpa.dupe(u8, id) catch |err| {
             _ = pending.orderedRemove(id);
@@ -568,7 +605,7 @@ fn remember(id: []const u8, address: []const u8, f: Features, at_ms: i64) sdk.Er
         };
     }
     next_seq +%= 1;
-    got.value_ptr.* = .{ .address = copy, .model = model, .f = f, .at_ms = at_ms, .seq = next_seq };
+    got.value_ptr.* = .{ .model = model, .f = f, .at_ms = at_ms, .seq = next_seq };
     pick_count.items[model] += 1;
     ahead_list.appendAssumeCapacity(aheadOf(got.value_ptr.*));
 }
@@ -579,7 +616,6 @@ fn dropPending(index: usize) void {
     uncount(v);
     pending.orderedRemoveAt(index);
     gpa.free(k);
-    gpa.free(v.address);
 }
 
 fn modelOf(address: []const u8) sdk.Error!*Model {
@@ -610,7 +646,7 @@ pub fn postResponse(ev: *const sdk.PostResponse) sdk.Error!void {
     const rec = pending.values()[index];
     defer dropPending(index);
     if (ev.status != 0 or !(ev.ttft_ms >= 0) or !std.math.isFinite(ev.ttft_ms)) return;
-    const m = try modelOf(rec.address);
+    const m = &models.values()[rec.model];
     m.ttft.update(&rec.f.ttft, bounded(&m.ttft, &rec.f.ttft, ev.ttft_ms), cfg.forgetting);
     m.last_ms = @max(m.last_ms, ev.timestamp_ms);
     pooled.ttft.update(&rec.f.ttft, bounded(&pooled.ttft, &rec.f.ttft, ev.ttft_ms), cfg.forgetting);
