@@ -166,7 +166,7 @@ fn Rls(comptime D: usize) type {
         /// a negative slope that would extrapolate a busy endpoint into a fast one).
         pub fn predict(m: *const Self, x: *const [D]f64) f64 {
             var y: f64 = m.theta[0] * x[0];
-            for (1..D) |i| y += @max(m.theta[i], 0.0) * x[i];
+            for (1..D) |i| y += fmax(m.theta[i], 0.0) * x[i];
             return y;
         }
 
@@ -219,6 +219,23 @@ fn Rls(comptime D: usize) type {
             return m;
         }
     };
+}
+
+/// `@min` of two floats as wasm32 builds it (compiler_rt's fmin: NaN loses, −0 < +0),
+/// inline: the call to compiler_rt per candidate cost more than the comparison.
+inline fn fmin(x: f64, y: f64) f64 {
+    if (std.math.isNan(x)) return y;
+    if (std.math.isNan(y)) return x;
+    if (std.math.signbit(x) != std.math.signbit(y)) return if (std.math.signbit(x)) x else y;
+    return if (x < y) x else y;
+}
+
+/// `@max` of two floats as compiler_rt's fmax computes it (NaN loses, +0 > −0), inline.
+inline fn fmax(x: f64, y: f64) f64 {
+    if (std.math.isNan(x)) return y;
+    if (std.math.isNan(y)) return x;
+    if (std.math.signbit(x) != std.math.signbit(y)) return if (std.math.signbit(x)) y else x;
+    return if (x < y) y else x;
 }
 
 fn finite(r: *sdk.Reader, comptime what: []const u8) sdk.Error!f64 {
@@ -299,8 +316,14 @@ var slot_model: std.ArrayList(u32) = .empty;
 // The last `score` call: its request id and each candidate's features, so that the
 // pre_request that follows it records what the picked candidate looked like.
 var last_id: std.ArrayList(u8) = .empty;
-/// The candidates' addresses, back to back in one reused buffer (no allocation per call):
-/// candidate i's is last_bytes[last_end[i-1]..last_end[i]].
+/// Each candidate's index in `models` (`no_model`: none yet; its address is then in
+/// `last_bytes`). A model's key is its address, kept as long as the model: copying 64
+/// addresses a score cost more than all of its predictions.
+var last_model: std.ArrayList(u32) = .empty;
+const no_model = std.math.maxInt(u32);
+/// The addresses of the candidates without a model, back to back in one reused buffer
+/// (no allocation per call): candidate i's is last_bytes[last_end[i-1]..last_end[i]]
+/// (empty for a candidate with a model).
 var last_bytes: std.ArrayList(u8) = .empty;
 var last_end: std.ArrayList(u32) = .empty;
 var last_feat: std.ArrayList(Features) = .empty;
@@ -334,6 +357,7 @@ fn clearState() void {
 
 fn clearLast() void {
     last_bytes.clearRetainingCapacity();
+    last_model.clearRetainingCapacity();
     last_end.clearRetainingCapacity();
     last_feat.clearRetainingCapacity();
     last_id.clearRetainingCapacity();
@@ -472,6 +496,7 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
     try last_id.appendSlice(gpa, ctx.request.request_id);
     try last_feat.ensureTotalCapacity(gpa, out.len);
     try last_end.ensureTotalCapacity(gpa, out.len);
+    try last_model.ensureTotalCapacity(gpa, out.len);
     const t = try sdk.scratch().alloc(f64, out.len);
     const p = try sdk.scratch().alloc(f64, out.len);
     var t_min: f64 = inf;
@@ -491,19 +516,23 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
     if (all_full) @memset(full, false);
     for (0..out.len) |i| {
         var f = features(ctx, i, index[i], load.ahead);
-        const address = ctx.endpoint(i).address;
         const m = modelFor(index[i]);
         const ti = predictTtft(m, &f.ttft, now);
         const pi = m.tpot.predict(&f.tpot);
         t[i] = if (ti >= 1.0) ti else 1.0; // NaN too
         p[i] = if (pi >= 0.1) pi else 0.1;
         if (!full[i]) {
-            t_min = @min(t_min, t[i]);
-            p_min = @min(p_min, p[i]);
+            t_min = fmin(t_min, t[i]);
+            p_min = fmin(p_min, p[i]);
         }
         f.predicted_ms = t[i];
         last_feat.appendAssumeCapacity(f);
-        try last_bytes.appendSlice(gpa, address);
+        if (index[i]) |k| {
+            last_model.appendAssumeCapacity(@intCast(k));
+        } else {
+            last_model.appendAssumeCapacity(no_model);
+            try last_bytes.appendSlice(gpa, ctx.endpoint(i).address);
+        }
         last_end.appendAssumeCapacity(@intCast(last_bytes.items.len));
     }
     var slo_t: f64 = @floatFromInt(@max(ctx.request.slo_ttft_ms, 0));
@@ -522,8 +551,8 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
             continue;
         }
         var s: f64 = 1.0;
-        if (slo_t > 0) s = @min(s, headroom(t[i], t_min, slo_t));
-        if (slo_p > 0) s = @min(s, headroom(p[i], p_min, slo_p));
+        if (slo_t > 0) s = fmin(s, headroom(t[i], t_min, slo_t));
+        if (slo_p > 0) s = fmin(s, headroom(p[i], p_min, slo_p));
         o.* = s;
     }
     stick(ctx, out, t, t_min, full, index);
@@ -577,23 +606,24 @@ pub fn preRequest(ev: *const sdk.PreRequest) sdk.Error!void {
     const id = ev.request.request_id;
     if (id.len == 0 or !std.mem.eql(u8, id, last_id.items)) return;
     var start: u32 = 0;
-    for (last_end.items, last_feat.items) |end, f| {
-        const a = last_bytes.items[start..end];
+    for (last_end.items, last_feat.items, last_model.items) |end, f, k| {
+        const a = if (k != no_model) models.keys()[k] else last_bytes.items[start..end];
         start = end;
         if (!std.mem.eql(u8, a, ev.endpoint)) continue;
-        try remember(id, ev.endpoint, f, ev.timestamp_ms);
+        try remember(id, ev.endpoint, f, ev.timestamp_ms, if (k != no_model) k else null);
         return;
     }
 }
 
-fn remember(id: []const u8, address: []const u8, f: Features, at_ms: i64) sdk.Error!void {
+/// `known`: `address`'s index in `models`, when the caller has it.
+fn remember(id: []const u8, address: []const u8, f: Features, at_ms: i64, known: ?u32) sdk.Error!void {
     // Drop picks whose completion never came, oldest first, then make room.
     while (pending.count() > 0) {
         const oldest = pending.values()[0];
         if (oldest.at_ms >= latest_ms -| cfg.pending_ttl_ms and pending.count() < cfg.max_pending) break;
         dropPending(0);
     }
-    const model: u32 = @intCast(try modelIndex(address));
+    const model: u32 = known orelse @intCast(try modelIndex(address));
     try ahead_list.ensureUnusedCapacity(gpa, 1);
     const got = try pending.getOrPut(gpa, id);
     if (got.found_existing) {
