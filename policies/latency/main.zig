@@ -307,11 +307,20 @@ var ahead_now: f64 = -inf;
 var next_seq: u64 = 0;
 /// Session id -> the endpoint it was last picked for (owned keys and values), first-seen order.
 var sessions: std.StringArrayHashMapUnmanaged([]u8) = .empty;
-/// Per snapshot endpoint index (a candidate's `ctx.candidates[i]`): 1 + the index in
-/// `models` its address had when last looked up (0 = none yet). A hint only: it is used
-/// when that model's key is still the candidate's address, else the address is looked up
-/// by hash (a string hash per candidate and pick was most of this policy's own time).
-var slot_model: std.ArrayList(u32) = .empty;
+/// Per snapshot endpoint index (a candidate's `ctx.candidates[i]`): what the last lookup
+/// of its address found. A hint only, used when it still holds for the candidate's
+/// address, else the address is looked up by hash (a string hash per candidate and pick
+/// was most of this policy's own time).
+var slots: std.ArrayList(Slot) = .empty;
+
+const Slot = struct {
+    /// 1 + the index in `models` of the address last looked up here (0 = none found).
+    model: u32 = 0,
+    /// With `model` 0: `models.count()` when `absent` was found to have no model (models
+    /// only grow until `clearState`, so it still has none while the count is the same).
+    absent_at: u32 = std.math.maxInt(u32),
+    absent: std.ArrayList(u8) = .empty,
+};
 
 // The last `score` call: its request id and each candidate's features, so that the
 // pre_request that follows it records what the picked candidate looked like.
@@ -341,7 +350,8 @@ fn clearState() void {
     models.clearAndFree(gpa);
     for (pending.keys()) |k| gpa.free(k);
     pending.clearAndFree(gpa);
-    slot_model.clearAndFree(gpa);
+    for (slots.items) |*s| s.absent.deinit(gpa);
+    slots.clearAndFree(gpa);
     pick_count.clearAndFree(gpa);
     ahead_list.clearAndFree(gpa);
     ahead_now = -inf;
@@ -428,12 +438,25 @@ fn features(ctx: *const sdk.ScoreCtx, i: usize, index: ?usize, ahead_by_model: [
     const ahead: i64 = if (index) |k| ahead_by_model[k] else 0;
     const e = ctx.endpoint(i);
     const adapter = ctx.request.adapter;
-    const miss: f64 = if (adapter.len > 0 and !e.isRunning(adapter) and !e.isWaiting(adapter)) cfg.adapter_ktokens else 0.0;
+    const miss: f64 = if (adapter.len > 0 and !listed(e.running_adapters, adapter) and !listed(e.waiting_adapters, adapter)) cfg.adapter_ktokens else 0.0;
     return .{
         .ttft = .{cfg.overhead_ktokens + kilo + @as(f64, @floatFromInt(ahead)) / 1000.0 + cfg.work_ktokens * work + miss},
         .tpot = .{ 1, work },
         .tokens = tokens,
     };
+}
+
+/// `want` is in `names` (as `Endpoint.isRunning`), its last and first bytes compared
+/// before the rest: adapter names differ there more often than not, and a call to
+/// `mem.eql` per listed adapter and candidate was a fifth of a score.
+inline fn listed(names: []const []const u8, want: []const u8) bool {
+    const last = want.len -% 1;
+    for (names) |n| {
+        if (n.len != want.len) continue;
+        if (want.len > 0 and (n[last] != want[last] or n[0] != want[0])) continue;
+        if (std.mem.eql(u8, n, want)) return true;
+    }
+    return false;
 }
 
 /// The model that predicts for the candidate whose model is `index` (null: none yet): its
@@ -467,20 +490,29 @@ fn staleWeight(m: *Model, now: i64) f64 {
     return m.w;
 }
 
-/// The index in `models` of the i-th candidate's address (null: none yet), through the
-/// `slot_model` hint when it still names that address.
+/// The index in `models` of the i-th candidate's address (null: none yet), through its
+/// snapshot slot's hint when that still holds.
 fn candidateModel(ctx: *const sdk.ScoreCtx, i: usize) sdk.Error!?usize {
     const address = ctx.endpoint(i).address;
-    const slot = ctx.candidates[i];
-    if (slot < slot_model.items.len) {
-        const hint = slot_model.items[slot];
-        if (hint != 0 and hint - 1 < models.count() and std.mem.eql(u8, models.keys()[hint - 1], address)) return hint - 1;
-    } else {
-        try slot_model.appendNTimes(gpa, 0, slot + 1 - slot_model.items.len);
+    const at = ctx.candidates[i];
+    if (at >= slots.items.len) try slots.appendNTimes(gpa, .{}, at + 1 - slots.items.len);
+    const slot = &slots.items[at];
+    const count = models.count();
+    if (slot.model != 0) {
+        if (slot.model - 1 < count and std.mem.eql(u8, models.keys()[slot.model - 1], address)) return slot.model - 1;
+    } else if (slot.absent_at == count and std.mem.eql(u8, slot.absent.items, address)) {
+        return null;
     }
-    const k = models.getIndex(address) orelse return null;
-    slot_model.items[slot] = @intCast(k + 1);
-    return k;
+    if (models.getIndex(address)) |k| {
+        slot.model = @intCast(k + 1);
+        return k;
+    }
+    slot.model = 0;
+    slot.absent_at = std.math.maxInt(u32); // until `absent` holds the address
+    slot.absent.clearRetainingCapacity();
+    try slot.absent.appendSlice(gpa, address);
+    slot.absent_at = @intCast(count);
+    return null;
 }
 
 /// Within the SLO: 0.5 plus half the candidate's speed relative to the fastest (the
@@ -605,11 +637,16 @@ pub fn preRequest(ev: *const sdk.PreRequest) sdk.Error!void {
     if (ev.request.session_id.len > 0) try rememberSession(ev.request.session_id, ev.endpoint);
     const id = ev.request.request_id;
     if (id.len == 0 or !std.mem.eql(u8, id, last_id.items)) return;
+    // The candidates whose address is the endpoint's are those of its model when it has
+    // one (one hash instead of a string comparison per candidate), else among those
+    // without a model.
+    const want: u32 = if (models.getIndex(ev.endpoint)) |k| @intCast(k) else no_model;
     var start: u32 = 0;
     for (last_end.items, last_feat.items, last_model.items) |end, f, k| {
-        const a = if (k != no_model) models.keys()[k] else last_bytes.items[start..end];
+        const a = last_bytes.items[start..end];
         start = end;
-        if (!std.mem.eql(u8, a, ev.endpoint)) continue;
+        if (k != want) continue;
+        if (k == no_model and !std.mem.eql(u8, a, ev.endpoint)) continue;
         try remember(id, ev.endpoint, f, ev.timestamp_ms, if (k != no_model) k else null);
         return;
     }
