@@ -55,6 +55,11 @@
 //! model = [n, [θ…], [P…]] (P row-major); a state without the sessions is accepted.
 //! Picks awaiting their completion are not exported (a swap loses their samples, nothing
 //! else).
+//!
+//! What a score keeps for the next one is hints that change no score (docs/quality.md,
+//! "The latency policy's cost"): each snapshot slot's model (checked against the
+//! candidate's address before use), an address found without a model (while no model was
+//! added), each model's staleness weight for one `now` and last sample time.
 
 const std = @import("std");
 const sdk = @import("epick");
