@@ -55,6 +55,11 @@
 //! model = [n, [θ…], [P…]] (P row-major); a state without the sessions is accepted.
 //! Picks awaiting their completion are not exported (a swap loses their samples, nothing
 //! else).
+//!
+//! What a score keeps for the next one is hints that change no score (docs/quality.md,
+//! "The latency policy's cost"): each snapshot slot's model (checked against the
+//! candidate's address before use), an address found without a model (while no model was
+//! added), each model's staleness weight for one `now` and last sample time.
 
 const std = @import("std");
 const sdk = @import("epick");
@@ -166,7 +171,7 @@ fn Rls(comptime D: usize) type {
         /// a negative slope that would extrapolate a busy endpoint into a fast one).
         pub fn predict(m: *const Self, x: *const [D]f64) f64 {
             var y: f64 = m.theta[0] * x[0];
-            for (1..D) |i| y += @max(m.theta[i], 0.0) * x[i];
+            for (1..D) |i| y += fmax(m.theta[i], 0.0) * x[i];
             return y;
         }
 
@@ -221,6 +226,23 @@ fn Rls(comptime D: usize) type {
     };
 }
 
+/// `@min` of two floats as wasm32 builds it (compiler_rt's fmin: NaN loses, −0 < +0),
+/// inline: the call to compiler_rt per candidate cost more than the comparison.
+inline fn fmin(x: f64, y: f64) f64 {
+    if (std.math.isNan(x)) return y;
+    if (std.math.isNan(y)) return x;
+    if (std.math.signbit(x) != std.math.signbit(y)) return if (std.math.signbit(x)) x else y;
+    return if (x < y) x else y;
+}
+
+/// `@max` of two floats as compiler_rt's fmax computes it (NaN loses, +0 > −0), inline.
+inline fn fmax(x: f64, y: f64) f64 {
+    if (std.math.isNan(x)) return y;
+    if (std.math.isNan(y)) return x;
+    if (std.math.signbit(x) != std.math.signbit(y)) return if (std.math.signbit(x)) y else x;
+    return if (x < y) y else x;
+}
+
 fn finite(r: *sdk.Reader, comptime what: []const u8) sdk.Error!f64 {
     const v = try r.float(what);
     if (!std.math.isFinite(v)) return sdk.fail(what ++ " is not finite", .{});
@@ -241,6 +263,11 @@ const Model = struct {
     /// When its last TTFT sample came (the host's ms; 0 = none since this instance
     /// started or imported it: not exported).
     last_ms: i64 = 0,
+    /// The staleness weight e^(−(now − last_ms) / stale_ms) last computed, for `w_now`
+    /// and `w_last` (picks in the same host millisecond reuse it: the same float).
+    w: f64 = 1.0,
+    w_now: i64 = 0,
+    w_last: i64 = 0,
 };
 
 const Features = struct {
@@ -253,8 +280,8 @@ const Features = struct {
 };
 
 const Pending = struct {
-    address: []u8,
-    /// Its endpoint's index in `models` (entries are never removed while it is pending).
+    /// Its endpoint's index in `models` (entries are never removed while it is pending;
+    /// the address is that entry's key).
     model: u32,
     f: Features,
     at_ms: i64,
@@ -285,12 +312,32 @@ var ahead_now: f64 = -inf;
 var next_seq: u64 = 0;
 /// Session id -> the endpoint it was last picked for (owned keys and values), first-seen order.
 var sessions: std.StringArrayHashMapUnmanaged([]u8) = .empty;
+/// Per snapshot endpoint index (a candidate's `ctx.candidates[i]`): what the last lookup
+/// of its address found. A hint only, used when it still holds for the candidate's
+/// address, else the address is looked up by hash (a string hash per candidate and pick
+/// was most of this policy's own time).
+var slots: std.ArrayList(Slot) = .empty;
+
+const Slot = struct {
+    /// 1 + the index in `models` of the address last looked up here (0 = none found).
+    model: u32 = 0,
+    /// With `model` 0: `models.count()` when `absent` was found to have no model (models
+    /// only grow until `clearState`, so it still has none while the count is the same).
+    absent_at: u32 = std.math.maxInt(u32),
+    absent: std.ArrayList(u8) = .empty,
+};
 
 // The last `score` call: its request id and each candidate's features, so that the
 // pre_request that follows it records what the picked candidate looked like.
 var last_id: std.ArrayList(u8) = .empty;
-/// The candidates' addresses, back to back in one reused buffer (no allocation per call):
-/// candidate i's is last_bytes[last_end[i-1]..last_end[i]].
+/// Each candidate's index in `models` (`no_model`: none yet; its address is then in
+/// `last_bytes`). A model's key is its address, kept as long as the model: copying 64
+/// addresses a score cost more than all of its predictions.
+var last_model: std.ArrayList(u32) = .empty;
+const no_model = std.math.maxInt(u32);
+/// The addresses of the candidates without a model, back to back in one reused buffer
+/// (no allocation per call): candidate i's is last_bytes[last_end[i-1]..last_end[i]]
+/// (empty for a candidate with a model).
 var last_bytes: std.ArrayList(u8) = .empty;
 var last_end: std.ArrayList(u32) = .empty;
 var last_feat: std.ArrayList(Features) = .empty;
@@ -306,11 +353,10 @@ fn priorTpot() [Tpot.dim]f64 {
 fn clearState() void {
     for (models.keys()) |k| gpa.free(k);
     models.clearAndFree(gpa);
-    for (pending.keys(), pending.values()) |k, v| {
-        gpa.free(k);
-        gpa.free(v.address);
-    }
+    for (pending.keys()) |k| gpa.free(k);
     pending.clearAndFree(gpa);
+    for (slots.items) |*s| s.absent.deinit(gpa);
+    slots.clearAndFree(gpa);
     pick_count.clearAndFree(gpa);
     ahead_list.clearAndFree(gpa);
     ahead_now = -inf;
@@ -326,6 +372,7 @@ fn clearState() void {
 
 fn clearLast() void {
     last_bytes.clearRetainingCapacity();
+    last_model.clearRetainingCapacity();
     last_end.clearRetainingCapacity();
     last_feat.clearRetainingCapacity();
     last_id.clearRetainingCapacity();
@@ -396,7 +443,7 @@ fn features(ctx: *const sdk.ScoreCtx, i: usize, index: ?usize, ahead_by_model: [
     const ahead: i64 = if (index) |k| ahead_by_model[k] else 0;
     const e = ctx.endpoint(i);
     const adapter = ctx.request.adapter;
-    const miss: f64 = if (adapter.len > 0 and !e.isRunning(adapter) and !e.isWaiting(adapter)) cfg.adapter_ktokens else 0.0;
+    const miss: f64 = if (adapter.len > 0 and !listed(e.running_adapters, adapter) and !listed(e.waiting_adapters, adapter)) cfg.adapter_ktokens else 0.0;
     return .{
         .ttft = .{cfg.overhead_ktokens + kilo + @as(f64, @floatFromInt(ahead)) / 1000.0 + cfg.work_ktokens * work + miss},
         .tpot = .{ 1, work },
@@ -404,9 +451,22 @@ fn features(ctx: *const sdk.ScoreCtx, i: usize, index: ?usize, ahead_by_model: [
     };
 }
 
+/// `want` is in `names` (as `Endpoint.isRunning`), its last and first bytes compared
+/// before the rest: adapter names differ there more often than not, and a call to
+/// `mem.eql` per listed adapter and candidate was a fifth of a score.
+inline fn listed(names: []const []const u8, want: []const u8) bool {
+    const last = want.len -% 1;
+    for (names) |n| {
+        if (n.len != want.len) continue;
+        if (want.len > 0 and (n[last] != want[last] or n[0] != want[0])) continue;
+        if (std.mem.eql(u8, n, want)) return true;
+    }
+    return false;
+}
+
 /// The model that predicts for the candidate whose model is `index` (null: none yet): its
 /// own once it has `min_samples`, else pooled.
-fn modelFor(index: ?usize) *const Model {
+fn modelFor(index: ?usize) *Model {
     if (index) |k| {
         const m = &models.values()[k];
         if (m.ttft.n >= cfg.min_samples) return m;
@@ -416,12 +476,48 @@ fn modelFor(index: ?usize) *const Model {
 
 /// The TTFT `m` predicts at `now`: its coefficient blended into the pooled one as its
 /// last sample ages (`stale_ms`).
-fn predictTtft(m: *const Model, x: *const [Ttft.dim]f64, now: i64) f64 {
+fn predictTtft(m: *Model, x: *const [Ttft.dim]f64, now: i64) f64 {
     const own = m.ttft.predict(x);
     if (cfg.stale_ms == 0 or m == &pooled or m.last_ms == 0 or now <= m.last_ms) return own;
-    const age: f64 = @floatFromInt(now - m.last_ms);
-    const w = @exp(-age / cfg.stale_ms);
+    const w = staleWeight(m, now);
     return w * own + (1.0 - w) * pooled.ttft.predict(x);
+}
+
+/// e^(−(now − last_ms) / stale_ms), computed once per model, `now` and `last_ms` (a new
+/// sample moves `last_ms`, a new millisecond `now`: either recomputes it).
+fn staleWeight(m: *Model, now: i64) f64 {
+    if (m.w_now != now or m.w_last != m.last_ms) {
+        const age: f64 = @floatFromInt(now - m.last_ms);
+        m.w = @exp(-age / cfg.stale_ms);
+        m.w_now = now;
+        m.w_last = m.last_ms;
+    }
+    return m.w;
+}
+
+/// The index in `models` of the i-th candidate's address (null: none yet), through its
+/// snapshot slot's hint when that still holds.
+fn candidateModel(ctx: *const sdk.ScoreCtx, i: usize) sdk.Error!?usize {
+    const address = ctx.endpoint(i).address;
+    const at = ctx.candidates[i];
+    if (at >= slots.items.len) try slots.appendNTimes(gpa, .{}, at + 1 - slots.items.len);
+    const slot = &slots.items[at];
+    const count = models.count();
+    if (slot.model != 0) {
+        if (slot.model - 1 < count and std.mem.eql(u8, models.keys()[slot.model - 1], address)) return slot.model - 1;
+    } else if (slot.absent_at == count and std.mem.eql(u8, slot.absent.items, address)) {
+        return null;
+    }
+    if (models.getIndex(address)) |k| {
+        slot.model = @intCast(k + 1);
+        return k;
+    }
+    slot.model = 0;
+    slot.absent_at = std.math.maxInt(u32); // until `absent` holds the address
+    slot.absent.clearRetainingCapacity();
+    try slot.absent.appendSlice(gpa, address);
+    slot.absent_at = @intCast(count);
+    return null;
 }
 
 /// Within the SLO: 0.5 plus half the candidate's speed relative to the fastest (the
@@ -437,6 +533,7 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
     try last_id.appendSlice(gpa, ctx.request.request_id);
     try last_feat.ensureTotalCapacity(gpa, out.len);
     try last_end.ensureTotalCapacity(gpa, out.len);
+    try last_model.ensureTotalCapacity(gpa, out.len);
     const t = try sdk.scratch().alloc(f64, out.len);
     const p = try sdk.scratch().alloc(f64, out.len);
     var t_min: f64 = inf;
@@ -444,31 +541,35 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
     const now = @max(latest_ms, ctx.snapshot.timestamp_ms);
     const load = try pendingLoad(now);
     const full = try sdk.scratch().alloc(bool, out.len);
-    // Each candidate's model, looked up once (a string hash per lookup was most of this
-    // policy's own time at 64 endpoints).
+    // Each candidate's model, looked up once, by the hint of its snapshot slot when it
+    // holds (a string hash per lookup was most of this policy's own time at 64 endpoints).
     const index = try sdk.scratch().alloc(?usize, out.len);
     var all_full = true;
     for (0..out.len) |i| {
-        index[i] = models.getIndex(ctx.endpoint(i).address);
+        index[i] = try candidateModel(ctx, i);
         full[i] = probeFull(index[i], load);
         all_full = all_full and full[i];
     }
     if (all_full) @memset(full, false);
     for (0..out.len) |i| {
         var f = features(ctx, i, index[i], load.ahead);
-        const address = ctx.endpoint(i).address;
         const m = modelFor(index[i]);
         const ti = predictTtft(m, &f.ttft, now);
         const pi = m.tpot.predict(&f.tpot);
         t[i] = if (ti >= 1.0) ti else 1.0; // NaN too
         p[i] = if (pi >= 0.1) pi else 0.1;
         if (!full[i]) {
-            t_min = @min(t_min, t[i]);
-            p_min = @min(p_min, p[i]);
+            t_min = fmin(t_min, t[i]);
+            p_min = fmin(p_min, p[i]);
         }
         f.predicted_ms = t[i];
         last_feat.appendAssumeCapacity(f);
-        try last_bytes.appendSlice(gpa, address);
+        if (index[i]) |k| {
+            last_model.appendAssumeCapacity(@intCast(k));
+        } else {
+            last_model.appendAssumeCapacity(no_model);
+            try last_bytes.appendSlice(gpa, ctx.endpoint(i).address);
+        }
         last_end.appendAssumeCapacity(@intCast(last_bytes.items.len));
     }
     var slo_t: f64 = @floatFromInt(@max(ctx.request.slo_ttft_ms, 0));
@@ -487,21 +588,26 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
             continue;
         }
         var s: f64 = 1.0;
-        if (slo_t > 0) s = @min(s, headroom(t[i], t_min, slo_t));
-        if (slo_p > 0) s = @min(s, headroom(p[i], p_min, slo_p));
+        if (slo_t > 0) s = fmin(s, headroom(t[i], t_min, slo_t));
+        if (slo_p > 0) s = fmin(s, headroom(p[i], p_min, slo_p));
         o.* = s;
     }
-    stick(ctx, out, t, t_min, full);
+    stick(ctx, out, t, t_min, full, index);
 }
 
 /// Sticky until saturated: keep a session on its endpoint while the predicted TTFT there
 /// is within `session_penalty_ms` of the best candidate's.
-fn stick(ctx: *const sdk.ScoreCtx, out: []f64, t: []const f64, t_min: f64, full: []const bool) void {
+fn stick(ctx: *const sdk.ScoreCtx, out: []f64, t: []const f64, t_min: f64, full: []const bool, index: []const ?usize) void {
     const sid = ctx.request.session_id;
     if (sid.len == 0) return;
     const home = sessions.get(sid) orelse return;
+    // The candidates whose address is `home` are those of its model, when it has one.
+    const home_model = models.getIndex(home);
     for (0..out.len) |i| {
-        if (full[i] or !std.mem.eql(u8, ctx.endpoint(i).address, home)) continue;
+        if (full[i]) continue;
+        if (home_model) |k| {
+            if (index[i] != k) continue;
+        } else if (!std.mem.eql(u8, ctx.endpoint(i).address, home)) continue;
         if (t[i] - t_min > cfg.session_penalty_ms) return; // saturated: let go
         for (out, 0..) |*o, j| o.* = if (j == i) 1.0 else o.* * 0.5;
         return;
@@ -536,31 +642,34 @@ pub fn preRequest(ev: *const sdk.PreRequest) sdk.Error!void {
     if (ev.request.session_id.len > 0) try rememberSession(ev.request.session_id, ev.endpoint);
     const id = ev.request.request_id;
     if (id.len == 0 or !std.mem.eql(u8, id, last_id.items)) return;
+    // The candidates whose address is the endpoint's are those of its model when it has
+    // one (one hash instead of a string comparison per candidate), else among those
+    // without a model.
+    const want: u32 = if (models.getIndex(ev.endpoint)) |k| @intCast(k) else no_model;
     var start: u32 = 0;
-    for (last_end.items, last_feat.items) |end, f| {
+    for (last_end.items, last_feat.items, last_model.items) |end, f, k| {
         const a = last_bytes.items[start..end];
         start = end;
-        if (!std.mem.eql(u8, a, ev.endpoint)) continue;
-        try remember(id, ev.endpoint, f, ev.timestamp_ms);
+        if (k != want) continue;
+        if (k == no_model and !std.mem.eql(u8, a, ev.endpoint)) continue;
+        try remember(id, ev.endpoint, f, ev.timestamp_ms, if (k != no_model) k else null);
         return;
     }
 }
 
-fn remember(id: []const u8, address: []const u8, f: Features, at_ms: i64) sdk.Error!void {
+/// `known`: `address`'s index in `models`, when the caller has it.
+fn remember(id: []const u8, address: []const u8, f: Features, at_ms: i64, known: ?u32) sdk.Error!void {
     // Drop picks whose completion never came, oldest first, then make room.
     while (pending.count() > 0) {
         const oldest = pending.values()[0];
         if (oldest.at_ms >= latest_ms -| cfg.pending_ttl_ms and pending.count() < cfg.max_pending) break;
         dropPending(0);
     }
-    const model: u32 = @intCast(try modelIndex(address));
+    const model: u32 = known orelse @intCast(try modelIndex(address));
     try ahead_list.ensureUnusedCapacity(gpa, 1);
-    const copy = try gpa.dupe(u8, address);
-    errdefer gpa.free(copy);
     const got = try pending.getOrPut(gpa, id);
     if (got.found_existing) {
         uncount(got.value_ptr.*);
-        gpa.free(got.value_ptr.address);
     } else {
         got.key_ptr.* = gpa.dupe(u8, id) catch |err| {
             _ = pending.orderedRemove(id);
@@ -568,7 +677,7 @@ fn remember(id: []const u8, address: []const u8, f: Features, at_ms: i64) sdk.Er
         };
     }
     next_seq +%= 1;
-    got.value_ptr.* = .{ .address = copy, .model = model, .f = f, .at_ms = at_ms, .seq = next_seq };
+    got.value_ptr.* = .{ .model = model, .f = f, .at_ms = at_ms, .seq = next_seq };
     pick_count.items[model] += 1;
     ahead_list.appendAssumeCapacity(aheadOf(got.value_ptr.*));
 }
@@ -579,7 +688,6 @@ fn dropPending(index: usize) void {
     uncount(v);
     pending.orderedRemoveAt(index);
     gpa.free(k);
-    gpa.free(v.address);
 }
 
 fn modelOf(address: []const u8) sdk.Error!*Model {
@@ -610,7 +718,7 @@ pub fn postResponse(ev: *const sdk.PostResponse) sdk.Error!void {
     const rec = pending.values()[index];
     defer dropPending(index);
     if (ev.status != 0 or !(ev.ttft_ms >= 0) or !std.math.isFinite(ev.ttft_ms)) return;
-    const m = try modelOf(rec.address);
+    const m = &models.values()[rec.model];
     m.ttft.update(&rec.f.ttft, bounded(&m.ttft, &rec.f.ttft, ev.ttft_ms), cfg.forgetting);
     m.last_ms = @max(m.last_ms, ev.timestamp_ms);
     pooled.ttft.update(&rec.f.ttft, bounded(&pooled.ttft, &rec.f.ttft, ev.ttft_ms), cfg.forgetting);

@@ -181,3 +181,68 @@ def test_an_endpoint_that_measured_slow_once_is_tried_again_when_its_model_is_st
         assert later[0] == 1.0 and later[1] > 2 * now[1]
     else:  # stale_ms 0: judged on that one sample for good
         assert later[1] < 1.1 * now[1]
+
+
+def _probe(inst, pool: abi.Snapshot, rid: str, **request) -> dict[str, float]:
+    """Every endpoint of ``pool`` scored, by address."""
+    blob = abi.encoder.encode(abi.ScoreInput(
+        snapshot=pool, request=abi.Request(request_id=rid, **request),
+        candidates=tuple(range(len(pool.endpoints)))))
+    got = inst.score(blob, len(pool.endpoints))
+    return {e.address: float(s) for e, s in zip(pool.endpoints, got)}
+
+
+def test_scores_do_not_depend_on_the_scores_before_them(policy):
+    """What a score keeps between calls (each snapshot slot's model, an address without
+    one, the staleness weight per model and millisecond, the candidates' models for the
+    pre_request that follows) changes no score: one instance scored between every event,
+    on snapshots of the same version whose slots hold other addresses, at a later time
+    than the events', and one that only learnt, score alike afterwards at that time (when
+    the first has a staleness weight from before the last sample); two endpoints have no
+    model until they are picked, and are then judged by their own."""
+    names = ["fast:1", "slow:1", "new:1", "later:1"]
+    cost = {"fast:1": 60.0, "slow:1": 400.0, "new:1": 2000.0, "later:1": 100.0}
+    rng = random.Random(3)
+    probe_ms = 20_000  # `now` of the probes: after every event's time
+
+    def pool(order, t):
+        return snap([ep(names[k], running=k, waiting=k % 2,
+                        running_adapters=("a",) if k == 1 else ()) for k in order],
+                    timestamp_ms=t)
+
+    learnt, probed = policy("latency", min_samples=2), policy("latency", min_samples=2)
+    seen = []
+    t = 1000
+    for i in range(24):
+        k = [0, 1, 0, 1, 2, 2, 2][i % 7] if i < 21 else 3
+        rid = f"r{i}"
+        picked = names[k]
+        for inst in (learnt, probed):
+            _probe(inst, pool([0, 1, 2, 3], 10_000 + i), rid, prompt_tokens=800, adapter="a",
+                   session_id="s1")
+            inst.pre_request(abi.encoder.encode(abi.PreRequestEvent(
+                request=abi.Request(request_id=rid, prompt_tokens=800, adapter="a", session_id="s1"),
+                endpoint=picked, timestamp_ms=t)))
+            if inst is probed:  # at the probes' time, before the sample and after it
+                _probe(probed, pool(rng.sample(range(4), 4), probe_ms), f"m{i}", prompt_tokens=300)
+            inst.post_response(abi.encoder.encode(abi.PostResponseEvent(
+                request_id=rid, endpoint=picked, timestamp_ms=t + 50,
+                ttft_ms=cost[picked] * 1.3, completion_tokens=8)))
+        t += 200
+        # only `probed` scores between the events, slots in another order each time
+        seen.append(_probe(probed, pool(rng.sample(range(4), 4), probe_ms), f"p{i}",
+                           prompt_tokens=500))
+    final = [pool([0, 1, 2, 3], probe_ms), pool([3, 2, 1, 0], probe_ms), pool([2, 0, 3, 1], probe_ms)]
+    for j, p in enumerate(final):
+        for req in ({"prompt_tokens": 500}, {"prompt_tokens": 2000, "adapter": "a"},
+                    {"prompt_tokens": 100, "session_id": "s1", "slo_ttft_ms": 400}):
+            assert _probe(probed, p, f"f{j}", **req) == _probe(learnt, p, f"f{j}", **req)
+    assert learnt.export_state() == probed.export_state()
+    # the same scores whatever slot an address is in
+    a, b = _probe(probed, final[0], "g"), _probe(probed, final[1], "g")
+    assert a == b
+    # new:1 was scored without a model of its own first, then learnt it is the slowest;
+    # later:1 got its model last, and its score moved with it
+    assert a["new:1"] < 0.6 * seen[3]["new:1"]
+    assert a["new:1"] < a["slow:1"] < a["fast:1"]
+    assert seen[-1]["later:1"] != seen[-4]["later:1"]
