@@ -424,20 +424,7 @@ class Scheduler:
                 latency(entry.name, perf() - t0)
             if not entry.scores_in_range:
                 scores = np.clip(scores, 0.0, 1.0)
-            # Σ weight × score, summed in the scorers' order: the same floats as
-            # zeros + w1·s1 + w2·s2 + …, with fewer numpy calls (a weight of 1 needs none;
-            # the first scores are not copied: the second sum makes the array totals own).
-            weight = entry.weight
-            if totals is None:
-                totals = scores if weight == 1.0 else weight * scores
-                owned = weight != 1.0
-            elif not owned:
-                totals = totals + (scores if weight == 1.0 else weight * scores)
-                owned = True
-            elif weight == 1.0:
-                totals += scores
-            else:
-                totals += weight * scores
+            totals, owned = _add_weighted(totals, owned, scores, entry.weight)
             if keep:
                 per_policy[entry.name] = scores
         if totals is None:
@@ -469,19 +456,8 @@ class Scheduler:
                 latency(entry.name, took * 1e-9)
             if keep:
                 per_policy[entry.name] = scores
-            if not summed:
-                continue
-            weight = entry.weight
-            if totals is None:
-                totals = scores if weight == 1.0 else weight * scores
-                owned = weight != 1.0
-            elif not owned:
-                totals = totals + (scores if weight == 1.0 else weight * scores)
-                owned = True
-            elif weight == 1.0:
-                totals += scores
-            else:
-                totals += weight * scores
+            if summed:
+                totals, owned = _add_weighted(totals, owned, scores, entry.weight)
         if totals is None:
             totals = np.zeros(len(candidates))
         elif summed and not owned:
@@ -690,3 +666,20 @@ def _conserve_work(endpoints, idle: frozenset[int], assignments: Ledger,
     if best < 0:
         return order
     return [best, *(o for o in order if o != best)][:len(order)]
+
+
+def _add_weighted(totals: np.ndarray | None, owned: bool, scores: np.ndarray,
+                  weight: float) -> tuple[np.ndarray, bool]:
+    """``totals + weight × scores`` and whether ``totals`` is now an array of its own.
+    Summed in the scorers' order, the same floats as zeros + w1·s1 + w2·s2 + …, with fewer
+    numpy calls: a weight of 1 needs none, and the first scores are not copied (the second
+    sum makes the array ``totals`` owns)."""
+    if totals is None:
+        return (scores, False) if weight == 1.0 else (weight * scores, True)
+    if not owned:
+        return totals + (scores if weight == 1.0 else weight * scores), True
+    if weight == 1.0:
+        totals += scores
+    else:
+        totals += weight * scores
+    return totals, True
