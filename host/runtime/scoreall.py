@@ -199,9 +199,10 @@ def _new_plan(entries: tuple) -> _Plan | None:
     return plan
 
 
-def _release(taken: list, events: list) -> None:
-    """Nothing was called after all: give every taken instance back as it was."""
-    for inst, ev in zip(taken, events):
+def _release(insts: list, events: list) -> None:
+    """Nothing was called after all: give every taken instance (the first
+    ``len(events)`` of ``insts``) back as it was."""
+    for inst, ev in zip(insts, events):
         if ev is not None:
             inst._pending = ev
         inst._lock.release()
@@ -243,16 +244,15 @@ def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...], keep: b
                if plan.any_b else b"")
     # Take every instance (its lock, its carried event), or none. (Buffers too small
     # for this pick: the C loop refuses before calling anything, and Python grows them.)
+    # The instances taken are plan.insts[:len(events)]; the events are joined once.
     events: list = []
     ev_lens = plan.ev_lens
-    taken: list = []
-    joined = b""
+    carried: list = []
     for i, (inst, lock, ticking) in enumerate(plan.take):
         if (inst.deferred_failure is not None or not ticking.running
                 or inst._store is None or not lock.acquire(False)):
-            _release(taken, events)
+            _release(plan.insts, events)
             return None
-        taken.append(inst)
         ev = inst._pending
         events.append(ev)
         if ev is None:
@@ -260,14 +260,15 @@ def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...], keep: b
         else:
             inst._pending = None
             ev_lens[i] = len(ev)
-            joined = ev if not joined else joined + ev
+            carried.append(ev)
+    joined = b"".join(carried)
     if n > plan.cap:
         plan.room(n)
     t_start = _perf_ns()
     bad = _call(_fns_ptr, plan.table_ptr, plan.k, frame_a, len(frame_a), frame_b,
                 len(frame_b), joined, plan.ev_ptr, n, plan.staging_ptr, plan.results_ptr)
     if bad < 0:  # a buffer to grow: nothing ran, the Python path grows it
-        _release(taken, events)
+        _release(plan.insts, events)
         return None
     k = plan.k
     res = plan.results.tolist()
@@ -290,7 +291,7 @@ def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...], keep: b
     t0 = t_start
     for i, e in enumerate(entries):
         code, aux, took = res[3 * i], res[3 * i + 1], res[3 * i + 2]
-        inst = taken[i]
+        inst = plan.insts[i]
         lock, stats, _window, breaker = plan.done[i]
         if code == NATIVE_OK:
             lock.release()

@@ -13,10 +13,18 @@ from wat_modules import wasm
 
 from epick.bench import pick
 from epick.config import resolve_module
-from epick.runtime import Limits, Runtime, WasmPolicy
+from epick.runtime import Limits, Runtime, WasmPolicy, checkpoints
 from epick.runtime.plugin import pre_request_all
 from epick.scheduler.policyset import PolicyEntry, PolicySet
 from epick.scheduler.scheduler import Scheduler
+
+
+@pytest.fixture(autouse=True)
+def steady_checkpoints(monkeypatch):
+    """Captures every ``checkpoint_interval_s`` of the fake clock, however long an export
+    takes on a busy machine (else the gap stretches with the export's own time, and two
+    runs capture at different picks)."""
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_SHARE", 1e12)
 
 
 def _one_by_one(policies: PolicySet, grouped: bool) -> PolicySet:
