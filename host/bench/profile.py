@@ -21,7 +21,7 @@ __all__ = ["PARTS", "summarize", "main"]
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pick: telemetry", ("TelemetryRecorder.",)),
     ("pick: policies score (WASM)", ("WasmPolicy.score", "WasmPolicy.filter")),
-    ("pick: policies pre_request (WASM)", ("WasmPolicy.pre_request",)),
+    ("pick: policies pre_request (WASM)", ("WasmPolicy.pre_request", "pre_request_all")),
     ("pick: validation (to_request)", ("to_request ",)),
     ("pick: encode (to_response)", ("to_response ",)),
     ("pick: scheduler (filters, picker, bookkeeping)", ("Scheduler.schedule",)),

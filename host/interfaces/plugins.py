@@ -190,6 +190,12 @@ class PreRequestPlugin(Protocol):
         """Record that ``endpoint`` (an address) was picked for ``cycle.request``."""
         ...
 
+    # Optional: ``pre_request_group``, a function ``(cycle, entries, endpoint, failed,
+    # *args)`` shared by a plugin type. When every pre_request entry of a policy set has
+    # the same one, the scheduler calls it once per pick instead of each ``pre_request``:
+    # it runs every entry's hook in order and hands each PluginError to
+    # ``failed(exc, *args)``. WasmPolicy's: epick.runtime.plugin.pre_request_all.
+
 
 @runtime_checkable
 class PostResponsePlugin(Protocol):

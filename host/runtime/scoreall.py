@@ -165,8 +165,8 @@ class _Plan:
         self.resident = tuple((e.plugin, inst) for e, inst in zip(entries, insts)
                               if e.plugin._resident)
         self.take = tuple((inst, inst._lock, inst._ticking) for inst in insts)
-        self.done = tuple((inst._lock, e.plugin.stats, e.plugin._score_breaker)
-                          for e, inst in zip(entries, insts))
+        self.done = tuple((inst._lock, e.plugin.stats, e.plugin.stats._latency_ns,
+                           e.plugin._score_breaker) for e, inst in zip(entries, insts))
 
     def room(self, n: int) -> None:
         if n > self.cap:
@@ -181,7 +181,8 @@ _plans: dict[int, _Plan] = {}
 
 
 def _new_plan(entries: tuple) -> _Plan | None:
-    """A plan for ``entries`` now, or ``None`` if one of them cannot take the loop."""
+    """A plan for ``entries`` now (kept), or ``None`` if one of them cannot take the loop
+    (or not now: a score breaker not closed)."""
     insts = []
     for e in entries:
         p = e.plugin
@@ -192,12 +193,16 @@ def _new_plan(entries: tuple) -> _Plan | None:
     if len(_plans) >= 8:
         _plans.clear()
     plan = _plans[id(entries)] = _Plan(entries, insts)
+    for _sup, _inst, breaker in plan.live:
+        if breaker.state != "closed":
+            return None
     return plan
 
 
-def _release(taken: list, events: list) -> None:
-    """Nothing was called after all: give every taken instance back as it was."""
-    for inst, ev in zip(taken, events):
+def _release(insts: list, events: list) -> None:
+    """Nothing was called after all: give every taken instance (the first
+    ``len(events)`` of ``insts``) back as it was."""
+    for inst, ev in zip(insts, events):
         if ev is not None:
             inst._pending = ev
         inst._lock.release()
@@ -218,21 +223,16 @@ def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...], keep: b
     if not enabled or n == 0 or _call is None:
         return None
     plan = _plans.get(id(entries))
-    if plan is None or plan.entries is not entries or plan.layout != LAYOUT[0]:
-        plan = _new_plan(entries)
-        if plan is None:
-            return None
-    for sup, inst, breaker in plan.live:
-        if breaker.state != "closed":
-            return None
-        if sup._inst is not inst:  # an instance was re-created since
-            plan = _new_plan(entries)
-            if plan is None:
+    stale = plan is None or plan.entries is not entries or plan.layout != LAYOUT[0]
+    if not stale:
+        for sup, inst, breaker in plan.live:
+            if breaker.state != "closed":
                 return None
-            for _sup, _inst, later in plan.live:
-                if later.state != "closed":
-                    return None
-            break
+            if sup._inst is not inst:  # an instance was re-created since
+                stale = True
+                break
+    if stale and (plan := _new_plan(entries)) is None:
+        return None
     if plan.resident:
         view = cycle.view
         for p, inst in plan.resident:
@@ -244,16 +244,15 @@ def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...], keep: b
                if plan.any_b else b"")
     # Take every instance (its lock, its carried event), or none. (Buffers too small
     # for this pick: the C loop refuses before calling anything, and Python grows them.)
+    # The instances taken are plan.insts[:len(events)]; the events are joined once.
     events: list = []
     ev_lens = plan.ev_lens
-    taken: list = []
-    joined = b""
+    carried: list = []
     for i, (inst, lock, ticking) in enumerate(plan.take):
         if (inst.deferred_failure is not None or not ticking.running
                 or inst._store is None or not lock.acquire(False)):
-            _release(taken, events)
+            _release(plan.insts, events)
             return None
-        taken.append(inst)
         ev = inst._pending
         events.append(ev)
         if ev is None:
@@ -261,23 +260,28 @@ def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...], keep: b
         else:
             inst._pending = None
             ev_lens[i] = len(ev)
-            joined = ev if not joined else joined + ev
+            carried.append(ev)
+    joined = b"".join(carried)
     if n > plan.cap:
         plan.room(n)
     t_start = _perf_ns()
     bad = _call(_fns_ptr, plan.table_ptr, plan.k, frame_a, len(frame_a), frame_b,
                 len(frame_b), joined, plan.ev_ptr, n, plan.staging_ptr, plan.results_ptr)
     if bad < 0:  # a buffer to grow: nothing ran, the Python path grows it
-        _release(taken, events)
+        _release(plan.insts, events)
         return None
     k = plan.k
     res = plan.results.tolist()
     ns = res[2::3]
     if not bad:
-        for (lock, stats, breaker), took in zip(plan.done, ns):
+        for (lock, stats, window, breaker), took in zip(plan.done, ns):
             lock.release()
-            stats.succeeded(took)
-            breaker.success()
+            stats.calls += 1  # PolicyStats.succeeded, inline
+            window.append(took)
+            if breaker.consecutive or breaker.state != "closed":
+                breaker.success()
+            else:
+                breaker._outcomes += 1  # CircuitBreaker.success while closed, inline
         if not keep:
             return plan.staging[k * n:(k + 1) * n].copy(), None, ns
         block = plan.staging[:(k + 1) * n].copy()
@@ -287,8 +291,8 @@ def score_all(cycle: Cycle, entries: tuple, candidates: tuple[int, ...], keep: b
     t0 = t_start
     for i, e in enumerate(entries):
         code, aux, took = res[3 * i], res[3 * i + 1], res[3 * i + 2]
-        inst = taken[i]
-        lock, stats, breaker = plan.done[i]
+        inst = plan.insts[i]
+        lock, stats, _window, breaker = plan.done[i]
         if code == NATIVE_OK:
             lock.release()
             stats.succeeded(took)

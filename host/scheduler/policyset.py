@@ -83,6 +83,9 @@ class PolicySet:
     score_group: Callable | None = None
     """The scorers' ``score_group`` when every live scorer has the same one (WASM policies:
     one native call for all; epick.interfaces.plugins), else ``None``."""
+    pre_request_group: Callable | None = None
+    """The same for the ``pre_request`` entries (``pre_request_group``: WASM policies, one
+    Python call for all), else ``None``."""
 
     def __post_init__(self) -> None:
         names = [e.name for e in self.entries]
@@ -99,6 +102,8 @@ class PolicySet:
         set_(self, "post_response", tuple(e for e in self.entries if e.has_post_response))
         groups = {getattr(e.plugin, "score_group", None) for e in self.scorers}
         set_(self, "score_group", groups.pop() if len(groups) == 1 else None)
+        groups = {getattr(e.plugin, "pre_request_group", None) for e in self.pre_request}
+        set_(self, "pre_request_group", groups.pop() if len(groups) == 1 else None)
 
     @classmethod
     def of(cls, *entries: PolicyEntry) -> PolicySet:

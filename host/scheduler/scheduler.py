@@ -489,6 +489,10 @@ class Scheduler:
 
     def _pre_request(self, cycle: Cycle, policies: PolicySet, endpoint: str,
                      skipped: list[str]) -> None:
+        group = policies.pre_request_group
+        if group is not None:
+            group(cycle, policies.pre_request, endpoint, self._plugin_failed, skipped)
+            return
         for entry in policies.pre_request:
             try:
                 entry.plugin.pre_request(cycle, endpoint)

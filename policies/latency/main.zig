@@ -59,7 +59,9 @@
 //! What a score keeps for the next one is hints that change no score (docs/quality.md,
 //! "The latency policy's cost"): each snapshot slot's model (checked against the
 //! candidate's address before use), an address found without a model (while no model was
-//! added), each model's staleness weight for one `now` and last sample time.
+//! added), each model's staleness weight for one `now` and last sample time, and which
+//! endpoints of the resident snapshot list each adapter asked for (until the next
+//! snapshot; an inline snapshot's lists are read per candidate).
 
 const std = @import("std");
 const sdk = @import("epick");
@@ -318,6 +320,14 @@ var sessions: std.StringArrayHashMapUnmanaged([]u8) = .empty;
 /// was most of this policy's own time).
 var slots: std.ArrayList(Slot) = .empty;
 
+/// Per adapter name asked for since the resident snapshot came: which of its endpoints
+/// (a bit per snapshot index) list the adapter, running or waiting. Only read for a
+/// resident snapshot (`ctx.resident`: the same endpoints until the next `onSnapshot`,
+/// which empties it); an inline one is checked per candidate.
+var adapter_bits: std.StringHashMapUnmanaged([]u64) = .empty;
+/// Adapter names kept per snapshot; a request for another is checked per candidate.
+const max_adapter_bits = 1024;
+
 const Slot = struct {
     /// 1 + the index in `models` of the address last looked up here (0 = none found).
     model: u32 = 0,
@@ -365,9 +375,43 @@ fn clearState() void {
         gpa.free(v);
     }
     sessions.clearAndFree(gpa);
+    clearAdapterBits();
     clearLast();
     latest_ms = 0;
     pooled = .{ .ttft = Ttft.init(priorTtft()), .tpot = Tpot.init(priorTpot()) };
+}
+
+fn clearAdapterBits() void {
+    var it = adapter_bits.iterator();
+    while (it.next()) |kv| {
+        gpa.free(kv.key_ptr.*);
+        gpa.free(kv.value_ptr.*);
+    }
+    adapter_bits.clearRetainingCapacity();
+}
+
+/// A new pool view: the adapter lists found on the last one no longer hold.
+pub fn onSnapshot(snap: *const sdk.Snapshot) sdk.Error!void {
+    _ = snap;
+    clearAdapterBits();
+}
+
+/// Which endpoints of the resident snapshot `snap` list `adapter` (running or waiting),
+/// found once per snapshot and name; null past `max_adapter_bits` names.
+fn adapterBits(snap: *const sdk.Snapshot, adapter: []const u8) sdk.Error!?[]const u64 {
+    if (adapter_bits.get(adapter)) |b| return b;
+    if (adapter_bits.count() >= max_adapter_bits) return null;
+    try adapter_bits.ensureUnusedCapacity(gpa, 1);
+    const bits = try gpa.alloc(u64, @max((snap.endpoints.len + 63) / 64, 1));
+    errdefer gpa.free(bits);
+    @memset(bits, 0);
+    for (snap.endpoints, 0..) |*e, j| {
+        if (listed(e.running_adapters, adapter) or listed(e.waiting_adapters, adapter))
+            bits[j / 64] |= @as(u64, 1) << @intCast(j % 64);
+    }
+    const key = try gpa.dupe(u8, adapter);
+    adapter_bits.putAssumeCapacity(key, bits);
+    return bits;
 }
 
 fn clearLast() void {
@@ -435,20 +479,30 @@ fn probeFull(index: ?usize, load: Load) bool {
     return models.values()[k].ttft.n < cfg.min_samples and load.picks[k] >= cfg.probe_inflight;
 }
 
-/// `index`: the candidate's model in `models` (null: none yet).
-fn features(ctx: *const sdk.ScoreCtx, i: usize, index: ?usize, ahead_by_model: []const i64) Features {
+/// `index`: the candidate's model in `models` (null: none yet); `bits`: the request's
+/// adapter on the resident snapshot (`adapterBits`), null to check the lists.
+fn features(ctx: *const sdk.ScoreCtx, i: usize, index: ?usize, ahead_by_model: []const i64, bits: ?[]const u64) Features {
     const work: f64 = @floatFromInt(ctx.work(i));
     const tokens = uncached(ctx, i);
     const kilo: f64 = @as(f64, @floatFromInt(tokens)) / 1000.0;
     const ahead: i64 = if (index) |k| ahead_by_model[k] else 0;
-    const e = ctx.endpoint(i);
     const adapter = ctx.request.adapter;
-    const miss: f64 = if (adapter.len > 0 and !listed(e.running_adapters, adapter) and !listed(e.waiting_adapters, adapter)) cfg.adapter_ktokens else 0.0;
+    const miss: f64 = if (adapter.len > 0 and !listedAt(ctx, i, adapter, bits)) cfg.adapter_ktokens else 0.0;
     return .{
         .ttft = .{cfg.overhead_ktokens + kilo + @as(f64, @floatFromInt(ahead)) / 1000.0 + cfg.work_ktokens * work + miss},
         .tpot = .{ 1, work },
         .tokens = tokens,
     };
+}
+
+/// The i-th candidate lists `adapter`, running or waiting (by `bits` when given).
+inline fn listedAt(ctx: *const sdk.ScoreCtx, i: usize, adapter: []const u8, bits: ?[]const u64) bool {
+    if (bits) |b| {
+        const at = ctx.candidates[i];
+        return (b[at / 64] >> @intCast(at % 64)) & 1 != 0;
+    }
+    const e = ctx.endpoint(i);
+    return listed(e.running_adapters, adapter) or listed(e.waiting_adapters, adapter);
 }
 
 /// `want` is in `names` (as `Endpoint.isRunning`), its last and first bytes compared
@@ -551,8 +605,10 @@ pub fn score(ctx: *const sdk.ScoreCtx, out: []f64) sdk.Error!void {
         all_full = all_full and full[i];
     }
     if (all_full) @memset(full, false);
+    const adapter = ctx.request.adapter;
+    const bits = if (ctx.resident and adapter.len > 0) try adapterBits(ctx.snapshot, adapter) else null;
     for (0..out.len) |i| {
-        var f = features(ctx, i, index[i], load.ahead);
+        var f = features(ctx, i, index[i], load.ahead, bits);
         const m = modelFor(index[i]);
         const ti = predictTtft(m, &f.ttft, now);
         const pi = m.tpot.predict(&f.tpot);

@@ -134,6 +134,11 @@ pub const ScoreCtx = struct {
     /// Per candidate (or empty = not computed): prompt tokens its engine would prefill,
     /// by its KV-cache events; -1 = unknown there.
     uncached_tokens: []const i64 = &.{},
+    /// The snapshot is the resident one (`set_snapshot`): the same object, with the same
+    /// endpoints, until the next `onSnapshot`, so what a policy derives from it may be
+    /// kept until then. False: inline in this call's input (a later inline snapshot of the
+    /// same version may hold other endpoints).
+    resident: bool = false,
 
     /// The endpoint of the i-th candidate.
     pub fn endpoint(c: *const ScoreCtx, i: usize) *const Endpoint {

@@ -431,7 +431,9 @@ fn Exports(comptime P: type) type {
                 try noticeSnapshot(s, false);
                 snap = s;
             }
-            return abi.frameCtx(f, strings, snap);
+            var ctx = try abi.frameCtx(f, strings, snap);
+            ctx.resident = f.snapshot.len == 0;
+            return ctx;
         }
 
         /// Read the frame and apply the pre_request event it carries, if any: its failure

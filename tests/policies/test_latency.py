@@ -246,3 +246,33 @@ def test_scores_do_not_depend_on_the_scores_before_them(policy):
     assert a["new:1"] < 0.6 * seen[3]["new:1"]
     assert a["new:1"] < a["slow:1"] < a["fast:1"]
     assert seen[-1]["later:1"] != seen[-4]["later:1"]
+
+
+def test_a_resident_snapshot_scores_as_the_same_snapshot_inline(policy):
+    """What latency keeps per resident snapshot (which endpoints list each adapter asked
+    for, until the next one) changes no score: an instance fed every snapshot resident
+    and one fed it inline score alike, on snapshots of the same version whose endpoints
+    list other adapters each time (66 of 70 addresses: two words of bits)."""
+    rng = random.Random(8)
+    names = [f"e{k}:1" for k in range(70)]
+    adapters = ["a", "b", "c", "ab", "ba"]
+    resident, inline = policy("latency"), policy("latency")
+    differed = 0
+    for i in range(12):
+        pool = snap([ep(name, running=rng.randrange(6), waiting=rng.randrange(3),
+                        running_adapters=tuple(rng.sample(adapters, rng.randrange(3))),
+                        waiting_adapters=tuple(rng.sample(adapters, rng.randrange(2))))
+                     for name in rng.sample(names, 66)], timestamp_ms=1000 + i)
+        resident.set_snapshot(abi.encoder.encode(pool))
+        for j, adapter in enumerate(("a", "b", "", "zz", "a", "ab")):
+            candidates = tuple(sorted(rng.sample(range(66), 40)))
+            request = abi.Request(request_id=f"r{i}-{j}", adapter=adapter, prompt_tokens=300)
+            got = [inst.score(abi.encoder.encode(abi.ScoreInput(
+                snapshot=None if inst is resident else pool, request=request,
+                candidates=candidates)), len(candidates)) for inst in (resident, inline)]
+            assert got[0].tolist() == got[1].tolist()
+            base = inline.score(abi.encoder.encode(abi.ScoreInput(
+                snapshot=pool, request=abi.Request(request_id="x", prompt_tokens=300),
+                candidates=candidates)), len(candidates))
+            differed += adapter != "" and got[1].tolist() != base.tolist()
+    assert differed > 20  # the adapter's lists moved the scores
