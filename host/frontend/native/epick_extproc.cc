@@ -15,7 +15,9 @@
 // the raw usage lines (decoded by the Hub with epick.api.usage's rules) and the
 // completion report; observer streams (observability_mode, envoy-observer.yaml) and
 // the routing streams an observer reports for (x-epick-observed); Health Check/Watch. Messages are hand-parsed protobuf (no codegen): the field numbers
-// below are Envoy's, checked against the Python classes by tests/envoy/test_native.py.
+// below are Envoy's, checked by talking to this worker with Envoy's Python classes
+// (tests/envoy/test_native_protocol.py, test_native_envoy.py: the answers parsed, and
+// the streamed ones byte-equal to protobuf's own serialization).
 #include <absl/synchronization/mutex.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
