@@ -4,7 +4,7 @@ ext_proc body modes; and a load run of many concurrent streaming requests.
     epick bench envoy latency [--requests 2000] [--concurrency 1,8] [--workers 1]
     epick bench envoy load [--concurrent 500,1000] [--requests 2000] [--workers 1,2]
                            [--modes buffered,streamed,observed] [--rounds 3]
-                           [--frontend python,native,native-fixed]
+                           [--frontend python,native,native-fixed,native@PATH]
     epick bench envoy pick [--workers 1,2] [--requests 4000] [--frontend python,native]
 
 Processes (all loopback): a replica (aiohttp, one process; answers at once, or streams
@@ -36,7 +36,9 @@ asserted; it reports. ``--frontend native`` needs ``make native`` (the C++ ext_p
 ``--frontend native-fixed`` (load only) is that worker with EPICK_EXTPROC_FIXED=1: it
 replays the first answer of each shape without asking the hub (no decision, no report),
 so Envoy with an ext_proc server that decides nothing: the ceiling of any front end on
-this machine (the observed mode is left out of its runs).
+this machine (the observed mode is left out of its runs). ``native@PATH`` (load) is the
+native front end served by the worker binary at PATH: two builds side by side in the same
+rounds (``--frontend native@/tmp/base/epick-extproc,native``).
 
 ``--rounds N`` (load; default 3): every epick (front end × worker count) and its Envoys
 start at once, and per concurrency N rounds alternate Envoy alone and every cell (each
@@ -132,13 +134,16 @@ def wait_port(port: int, what: str, timeout_s: float = 60) -> None:
 def start_epick(replica: str, work: Path, workers: int = 1, *, pick_port: int = 0,
                 frontend: str = "python") -> tuple[subprocess.Popen, int]:
     ext_proc = free_port()
-    conf = work / f"epick-{frontend}-{workers}.toml"
+    name, binary = split_frontend(frontend)
+    conf = work / f"epick-{len(list(work.glob('epick-*.toml')))}-{name}-{workers}.toml"
     env = None
-    if frontend == "native-fixed":  # the bench's ceiling (FRONTENDS): no decisions
+    if name == "native-fixed":  # the bench's ceiling (FRONTENDS): no decisions
         env = {**os.environ, "EPICK_EXTPROC_FIXED": "1"}
+    if binary is not None:  # another build of the native worker, beside this one
+        env = {**(env or os.environ), "EPICK_EXTPROC_BINARY": str(binary)}
     lines = ["version = 1", "[server]", f'listen = "127.0.0.1:{pick_port or free_port()}"',
              'metrics_listen = ""', f"workers = {workers}",
-             f'frontend = "{frontend.removesuffix("-fixed")}"',
+             f'frontend = "{name.removesuffix("-fixed")}"',
              "[admin]", 'listen = ""', "[runtime]",
              f'cache_dir = "{work / "cache"}"', "[ext_proc]",
              f'listen = "127.0.0.1:{ext_proc}"', 'base_model = "base"', "[pool]",
@@ -379,6 +384,14 @@ def _cpu_s(pid: int, children: bool = True) -> float:
 FRONTENDS = ("python", "native", "native-fixed")
 
 
+def split_frontend(frontend: str) -> tuple[str, Path | None]:
+    """``native@PATH`` (and ``native-fixed@PATH``): the native front end served by the
+    worker binary at PATH (EPICK_EXTPROC_BINARY), so two builds run side by side in one
+    load run's rounds (e.g. ``--frontend native@/tmp/base/epick-extproc,native``)."""
+    name, sep, path = frontend.partition("@")
+    return name, (Path(path) if sep else None)
+
+
 #: The replica process's pid (``main`` sets it), for its CPU per request.
 REPLICA_PID = 0
 
@@ -482,7 +495,8 @@ def run_load(args, replica: str, work: Path) -> dict:
             epick, ext_proc = start_epick(replica, work, workers, frontend=frontend)
             epicks[frontend, workers] = epick
             # The observed file needs observer streams: every front end but the fixed one.
-            modes = [m for m in args.modes if frontend != "native-fixed" or m != "observed"]
+            modes = [m for m in args.modes
+                     if split_frontend(frontend)[0] != "native-fixed" or m != "observed"]
             started[frontend, workers] = envoys(ext_proc, replica, modes)
             for e in started[frontend, workers].values():
                 e.start()
@@ -652,14 +666,21 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.modes) - {"buffered", "streamed", "observed"}
     if unknown:
         ap.error(f"--modes: unknown {', '.join(sorted(unknown))} (buffered, streamed, observed)")
-    unknown = set(args.frontend) - set(FRONTENDS)
+    names = {split_frontend(f)[0] for f in args.frontend}
+    unknown = names - set(FRONTENDS)
     if unknown:
         ap.error(f"--frontend: unknown {', '.join(sorted(unknown))} ({', '.join(FRONTENDS)})")
-    if "native-fixed" in args.frontend and args.what != "load":
+    if "native-fixed" in names and args.what != "load":
         ap.error("--frontend native-fixed: a load ceiling (no decisions), for `load` only")
     if args.rounds < 1:
         ap.error("--rounds: at least 1")
-    if {"native", "native-fixed"} & set(args.frontend):
+    for f in args.frontend:
+        name, binary = split_frontend(f)
+        if binary is not None and name == "python":
+            ap.error(f"--frontend {f}: @PATH names a native worker binary (native@PATH)")
+        if binary is not None and not binary.is_file():
+            ap.error(f"--frontend {f}: no native worker binary at {binary}")
+    if {"native", "native-fixed"} & {f for f in args.frontend if "@" not in f}:
         from epick.frontend.supervisor import native_binary
 
         try:

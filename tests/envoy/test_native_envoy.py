@@ -385,3 +385,51 @@ def test_auto_keeps_python_when_http_is_served_by_several_workers(tmp_path, repl
         assert _routes(svc)
     (line,) = [r.getMessage() for r in caplog.records if 'frontend = "auto"' in r.getMessage()]
     assert "python front end" in line and "workers = 2" in line
+
+
+def _raw_process(svc, messages) -> list[bytes]:
+    """The worker's answers to ``messages`` as the bytes it wrote (no parse, no
+    re-serialization)."""
+    with grpc.insecure_channel(f"127.0.0.1:{svc.ext_proc_port}") as channel:
+        call = channel.stream_stream(
+            "/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+            request_serializer=lambda m: m.SerializeToString(), response_deserializer=None)
+        return list(call(iter(messages), timeout=20))
+
+
+def test_streamed_chunks_come_back_exactly_as_protobuf_writes_them(epick, replicas,
+                                                                   native_binary):
+    """The worker writes each streamed answer's five nested heads by hand: at every varint
+    width boundary of the chunk and of each enclosing length (127/128, 16383/16384 bytes),
+    and for an empty last chunk, its bytes are protobuf's own serialization of the same
+    message, and the bodies are the chunks sent, in order, both ways."""
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+    svc = _serving(epick([r.address for r in replicas(1, vllm_page())],
+                         server={"frontend": "native"}), "native")
+    doc = json.dumps({"model": "base", "prompt": "x" * 33_000, "stream": True}).encode()
+    cuts, at = [], 0
+    for n in (1, 127, 128, 16_256, 16_383):
+        cuts.append(doc[at:at + n])
+        at += n
+    cuts.append(doc[at:])
+    answer = [b"a" * n for n in [*range(118, 131), *range(16_372, 16_387)]] + [b""]
+    out = _raw_process(svc, [duplex_headers(),
+                             *[body_msg(c, eos=i == len(cuts) - 1) for i, c in enumerate(cuts)],
+                             response_headers_msg(ctype="text/event-stream"),
+                             *[response_body_msg(c, eos=i == len(answer) - 1)
+                               for i, c in enumerate(answer)]])
+    streamed = {"request_body": [], "response_body": []}
+    for raw in out:
+        msg = ep.ProcessingResponse.FromString(raw)
+        kind = msg.WhichOneof("response")
+        if kind not in streamed:
+            continue
+        mutation = getattr(msg, kind).response.body_mutation
+        if mutation.HasField("streamed_response"):
+            assert raw == msg.SerializeToString(), (kind, len(raw))
+            part = mutation.streamed_response
+            streamed[kind].append((part.body, part.end_of_stream))
+    assert streamed["request_body"] == [(c, i == len(cuts) - 1) for i, c in enumerate(cuts)]
+    assert streamed["response_body"] == [(c, i == len(answer) - 1)
+                                         for i, c in enumerate(answer)]

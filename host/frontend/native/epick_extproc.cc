@@ -15,7 +15,10 @@
 // the raw usage lines (decoded by the Hub with epick.api.usage's rules) and the
 // completion report; observer streams (observability_mode, envoy-observer.yaml) and
 // the routing streams an observer reports for (x-epick-observed); Health Check/Watch. Messages are hand-parsed protobuf (no codegen): the field numbers
-// below are Envoy's, checked against the Python classes by tests/envoy/test_native.py.
+// below are Envoy's, checked by talking to this worker with Envoy's Python classes
+// (tests/envoy/test_native_protocol.py, test_native_envoy.py: the answers parsed, and
+// the streamed ones byte-equal to protobuf's own serialization).
+#include <absl/synchronization/mutex.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/byte_buffer.h>
@@ -448,6 +451,59 @@ std::string lookup(const std::vector<std::pair<std::string, std::string>>& heade
   return v;
 }
 
+// The served endpoint in a ProcessingRequest's metadata_context: walks
+// filter_metadata[g.metadata_namespace].fields[x-gateway-destination-endpoint-served]
+// (Struct -> Value.string_value). Returns -1 when no entry names the namespace, 0 when
+// one does but none carries the key, 1 when one does (then *served is the last found).
+// One walk for the routing stream (read_metadata) and the observer (read_served).
+int served_in(Span meta, std::string* served) {
+  int seen = -1;
+  for (Fields f(meta); f.next();) {  // Metadata.filter_metadata (map entries)
+    if (f.num != 1 || f.type != 2) continue;
+    std::string key;
+    Span value;
+    for (Fields e(f.bytes); e.next();) {
+      if (e.num == 1 && e.type == 2) key = e.bytes.str();
+      if (e.num == 2 && e.type == 2) value = e.bytes;
+    }
+    if (key != g.metadata_namespace) continue;
+    seen = std::max(seen, 0);
+    for (Fields s(value); s.next();) {  // Struct.fields (map entries)
+      if (s.num != 1 || s.type != 2) continue;
+      std::string k;
+      Span v;
+      for (Fields e(s.bytes); e.next();) {
+        if (e.num == 1 && e.type == 2) k = e.bytes.str();
+        if (e.num == 2 && e.type == 2) v = e.bytes;
+      }
+      if (k != kServed) continue;
+      seen = 1, served->clear();
+      for (Fields x(v); x.next();)  // Value.string_value
+        if (x.num == 3 && x.type == 2) *served = x.bytes.str();
+    }
+  }
+  return seen;
+}
+
+// HttpBody{body = 1, end_of_stream = 2}: the body (a span of the message) and *eos.
+Span http_body(Span part, bool* eos) {
+  Span body;
+  for (Fields f(part); f.next();) {
+    if (f.num == 1 && f.type == 2) body = f.bytes;
+    if (f.num == 2 && f.type == 0) *eos = f.v != 0;
+  }
+  return body;
+}
+
+// The answer's :status as a number, -1 when absent or not digits (ext_proc.py's rule).
+int http_status(const std::vector<std::pair<std::string, std::string>>& headers) {
+  std::string status = lookup(headers, ":status");
+  if (status.empty() || status.size() >= 10 ||
+      status.find_first_not_of("0123456789") != std::string::npos)
+    return -1;
+  return std::stoi(status);
+}
+
 const uint8_t kRequestHeadersContinue[] = {0x0a, 0x00};
 const uint8_t kRequestTrailersContinue[] = {0x2a, 0x00};
 const uint8_t kResponseHeadersContinue[] = {0x12, 0x00};
@@ -577,12 +633,8 @@ class Stream : public grpc::ServerGenericBidiReactor {
   void observe_message(uint32_t kind, Span part, const Span* meta) {
     switch (kind) {
       case 5: {  // response_body: the most frequent
-        Span body;
         bool eos = false;
-        for (Fields f(part); f.next();) {
-          if (f.num == 1 && f.type == 2) body = f.bytes;
-          if (f.num == 2 && f.type == 0) eos = f.v != 0;
-        }
+        Span body = http_body(part, &eos);
         usage_.feed(body.p, body.n, started_);
         if (eos) observer_end();
         return;
@@ -591,11 +643,7 @@ class Stream : public grpc::ServerGenericBidiReactor {
       case 3: {
         bool eos = false;
         auto headers = read_headers(part, &eos);
-        std::string status = lookup(headers, ":status");
-        status_ = -1;
-        if (!status.empty() && status.size() < 10 &&
-            status.find_first_not_of("0123456789") == std::string::npos)
-          status_ = std::stoi(status);
+        status_ = http_status(headers);
         decision_id_ = lookup(headers, kDecision);
         if (meta) read_served(*meta);
         if (!decision_id_.empty()) usage_.start(lookup(headers, "content-type"));
@@ -611,29 +659,8 @@ class Stream : public grpc::ServerGenericBidiReactor {
     report(status_ >= 400 ? ERROR : OK);
   }
   void read_served(Span meta) {  // filter_metadata[namespace].fields[SERVED], if there
-    for (Fields f(meta); f.next();) {
-      if (f.num != 1 || f.type != 2) continue;
-      std::string key;
-      Span value;
-      for (Fields e(f.bytes); e.next();) {
-        if (e.num == 1 && e.type == 2) key = e.bytes.str();
-        if (e.num == 2 && e.type == 2) value = e.bytes;
-      }
-      if (key != g.metadata_namespace) continue;
-      for (Fields s(value); s.next();) {
-        if (s.num != 1 || s.type != 2) continue;
-        std::string k;
-        Span v;
-        for (Fields e(s.bytes); e.next();) {
-          if (e.num == 1 && e.type == 2) k = e.bytes.str();
-          if (e.num == 2 && e.type == 2) v = e.bytes;
-        }
-        if (k != kServed) continue;
-        served_.clear();
-        for (Fields x(v); x.next();)
-          if (x.num == 3 && x.type == 2) served_ = x.bytes.str();
-      }
-    }
+    std::string served;
+    if (served_in(meta, &served) == 1) served_ = served;
   }
 
   // -- the request -----------------------------------------------------------------------
@@ -651,12 +678,8 @@ class Stream : public grpc::ServerGenericBidiReactor {
   }
 
   void request_body(Span part, const grpc::Slice& whole) {
-    Span body;
     bool eos = false;
-    for (Fields f(part); f.next();) {
-      if (f.num == 1 && f.type == 2) body = f.bytes;
-      if (f.num == 2 && f.type == 0) eos = f.v != 0;
-    }
+    Span body = http_body(part, &eos);
     size_ += body.n;
     if (size_ > g.max_body_bytes) return problem("too_large");
     if (!duplex_ && !eos) return problem("not_buffered");
@@ -719,33 +742,10 @@ class Stream : public grpc::ServerGenericBidiReactor {
 
   void read_metadata(Span meta) {
     // filter_metadata[namespace].fields[SERVED]: the endpoint the data plane used.
-    for (Fields f(meta); f.next();) {
-      if (f.num != 1 || f.type != 2) continue;
-      std::string key;
-      Span value;
-      for (Fields e(f.bytes); e.next();) {
-        if (e.num == 1 && e.type == 2) key = e.bytes.str();
-        if (e.num == 2 && e.type == 2) value = e.bytes;
-      }
-      if (key != g.metadata_namespace) continue;
-      bool has = false;
-      std::string served;
-      for (Fields s(value); s.next();) {
-        if (s.num != 1 || s.type != 2) continue;
-        std::string k;
-        Span v;
-        for (Fields e(s.bytes); e.next();) {
-          if (e.num == 1 && e.type == 2) k = e.bytes.str();
-          if (e.num == 2 && e.type == 2) v = e.bytes;
-        }
-        if (k != kServed) continue;
-        has = true, served.clear();
-        for (Fields x(v); x.next();)
-          if (x.num == 3 && x.type == 2) served = x.bytes.str();
-      }
-      lb_metadata_ = lb_metadata_ == 1 || has ? 1 : 0;
-      if (has) served_ = served;
-    }
+    std::string served;
+    int seen = served_in(meta, &served);
+    lb_metadata_ = std::max(lb_metadata_, seen);
+    if (seen == 1) served_ = served;
     if (decision_id_.empty()) metadata_.push_back(std::string(reinterpret_cast<const char*>(meta.p), meta.n));
   }
 
@@ -753,11 +753,7 @@ class Stream : public grpc::ServerGenericBidiReactor {
   void response_headers(Span part) {
     bool eos = false;
     auto headers = read_headers(part, &eos);
-    std::string status = lookup(headers, ":status");
-    status_ = -1;
-    if (!status.empty() && status.size() < 10 &&
-        status.find_first_not_of("0123456789") == std::string::npos)
-      status_ = std::stoi(status);
+    status_ = http_status(headers);
     if (response_mode_ != NONE && !decision_id_.empty())
       usage_.start(lookup(headers, "content-type"));
     if (eos) response_end();
@@ -791,12 +787,8 @@ class Stream : public grpc::ServerGenericBidiReactor {
   }
 
   void response_body(Span part, const grpc::Slice& whole) {
-    Span body;
     bool eos = false;
-    for (Fields f(part); f.next();) {
-      if (f.num == 1 && f.type == 2) body = f.bytes;
-      if (f.num == 2 && f.type == 0) eos = f.v != 0;
-    }
+    Span body = http_body(part, &eos);
     usage_.feed(body.p, body.n, started_);
     if (eos) response_end();
     if (response_mode_ == DUPLEX)
@@ -851,32 +843,35 @@ class Stream : public grpc::ServerGenericBidiReactor {
   // body_mutation: BodyMutation{streamed_response: {body, end_of_stream}}}}}, as
   // ext_proc.py's _streamed writes it; the body slice is the request's own bytes.
   void send_streamed(uint8_t kind_tag, const grpc::Slice& chunk, bool eos) {
-    size_t inner = chunk.size() ? 1 + varint_size(chunk.size()) + chunk.size() : 0;
-    if (eos) inner += 2;
-    std::string head;
-    size_t size = inner;
-    const uint8_t tags[] = {0x1a /*streamed_response*/, 0x1a /*body_mutation*/, 0x0a /*response*/, kind_tag};
-    std::string heads[4];
-    for (int i = 0; i < 4; ++i) {
-      heads[i].push_back(char(tags[i]));
-      put_varint(heads[i], size);
-      size += heads[i].size();
-    }
-    for (int i = 3; i >= 0; --i) head += heads[i];
+    // The four nested heads and the body's own, written inward on the stack (at most
+    // 5 x (1 + 10) bytes): one small slice a chunk beside the body's, no string built.
+    static const uint8_t kEos[] = {0x10, 0x01};  // end_of_stream: true
+    size_t sizes[4];
+    sizes[0] = (chunk.size() ? 1 + varint_size(chunk.size()) + chunk.size() : 0) + (eos ? 2 : 0);
+    for (int i = 1; i < 4; ++i) sizes[i] = 1 + varint_size(sizes[i - 1]) + sizes[i - 1];
+    const uint8_t tags[] = {kind_tag, 0x0a /*response*/, 0x1a /*body_mutation*/,
+                            0x1a /*streamed_response*/};
+    uint8_t head[64];
+    size_t n = 0;
+    for (int i = 0; i < 4; ++i) head[n++] = tags[i], n += varint_to(head + n, sizes[3 - i]);
     if (chunk.size()) {
-      head.push_back(0x0a);
-      put_varint(head, chunk.size());
-    }
-    std::string tail = eos ? std::string("\x10\x01", 2) : std::string();
-    std::vector<grpc::Slice> parts;
-    if (chunk.size()) {
-      parts = {grpc::Slice(head), chunk};
-      if (eos) parts.emplace_back(tail);
+      head[n++] = 0x0a;  // body
+      n += varint_to(head + n, chunk.size());
+      grpc::Slice parts[3] = {grpc::Slice(head, n), chunk,
+                              grpc::Slice(kEos, 2, grpc::Slice::STATIC_SLICE)};
+      out_.emplace_back(parts, eos ? 3 : 2);
     } else {
-      parts = {grpc::Slice(head + tail)};
+      if (eos) head[n++] = kEos[0], head[n++] = kEos[1];
+      grpc::Slice only(head, n);
+      out_.emplace_back(&only, 1);
     }
-    out_.emplace_back(parts.data(), parts.size());
     kick();
+  }
+  static size_t varint_to(uint8_t* out, uint64_t v) {
+    size_t k = 0;
+    while (v > 0x7f) out[k++] = uint8_t((v & 0x7f) | 0x80), v >>= 7;
+    out[k++] = uint8_t(v);
+    return k;
   }
   static size_t varint_size(uint64_t n) {
     size_t k = 1;
@@ -1114,6 +1109,11 @@ int main(int argc, char** argv) {
     else if (k == "--conformance-hooks") g.conformance_hooks = v == "1";
     else return usage_exit(argv[i]);
   }
+  // Debian builds abseil without NDEBUG, so every absl::Mutex lock (gRPC's own, many a
+  // message) ran the debug-only deadlock check: a lock-order graph behind one global lock
+  // (perf under streamed load: 3-4% of this worker's samples in absl's GraphCycles).
+  // gRPC's locks are gRPC's to get right; a release build does not check them either.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   if (const char* fixed = std::getenv("EPICK_EXTPROC_FIXED")) g.fixed = std::string(fixed) == "1";
   if (g.fixed)
     std::fprintf(stderr, "epick-extproc %d: EPICK_EXTPROC_FIXED=1: replaying the first answer "
