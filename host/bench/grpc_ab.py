@@ -175,6 +175,18 @@ def main(argv: list[str]) -> int:
                       f"{pick - noop:.0f}", f"{host:.0f}")
     console = Console(width=150)
     console.print(t)
+    ht = Table(title="host time per pick inside each server, p50 / mean µs (its "
+                     "epick_pick_latency_seconds and epick_policy_score_latency_seconds)")
+    ht.add_column("stage")
+    cols = [(n, s) for n in sizes for s in sides]
+    for n, s in cols:
+        ht.add_column(f"{s.name} {n}", justify="right")
+    keys = sorted({k for n, s in cols for k in s.setups[n].host_us},
+                  key=lambda k: (k.startswith("policy"), k != "total", k))
+    for key in keys:
+        ht.add_row(key, *("{:.1f} / {:.1f}".format(*s.setups[n].host_us[key])
+                          if key in s.setups[n].host_us else "" for n, s in cols))
+    console.print(ht)
     for n in sizes:
         b, tr = by["base"], by["tree"]
         extra_b = b.p50("pick", n) - b.p50("noop", n)
