@@ -14,9 +14,12 @@ The base gets the tree's ``libepick_scoreall.so`` (``make native``) when its
 base runs its Python scoring path, and the report says so.
 
 Prints, per size and side: no-op and Pick p50 over every round, Pick ÷ no-op (the median
-of the rounds' own ratios), Pick − no-op, and the server's own host time per pick (its
-``epick_pick_latency_seconds{stage="total"}`` p50); then tree ÷ base of Pick p50 and of
-Pick − no-op.
+of the rounds' own ratios), Pick − no-op, the server's CPU per call of each (from /proc,
+its idle rate subtracted: preemption by other work does not count, as it does in
+latency), and its own host time per pick by stage (its ``epick_pick_latency_seconds``
+histograms; their p50 is interpolated in buckets up to 100 µs wide, so read it roughly);
+then tree ÷ base of Pick p50, of Pick − no-op and of the server CPU a Pick costs beyond
+a no-op.
 """
 
 from __future__ import annotations
@@ -51,6 +54,14 @@ class Side:
     setups: dict[int, Setup] = field(default_factory=dict)
     noop: dict[int, list[list[float]]] = field(default_factory=dict)
     pick: dict[int, list[list[float]]] = field(default_factory=dict)
+    cpu_s: dict[tuple[str, int], float] = field(default_factory=dict)
+    """Server CPU seconds per (phase, size) over every round, its idle rate (scraping)
+    subtracted, as ``epick bench pick --grpc`` reads it from /proc."""
+
+    def cpu_us(self, phase: str, n: int) -> float:
+        """Server CPU µs per call of ``phase`` at ``n`` endpoints."""
+        rounds = (self.noop if phase == "noop" else self.pick)[n]
+        return self.cpu_s[(phase, n)] / sum(len(r) for r in rounds) * 1e6
 
     def p50(self, phase: str, n: int) -> float:
         rounds = (self.noop if phase == "noop" else self.pick)[n]
@@ -60,6 +71,11 @@ class Side:
         """The median of the rounds' own Pick ÷ no-op p50s."""
         return statistics.median(statistics.median(p) / statistics.median(o)
                                  for o, p in zip(self.noop[n], self.pick[n]))
+
+
+def _cpu_extra(side: Side, n: int) -> float:
+    """Server CPU µs a Pick costs beyond a no-op."""
+    return side.cpu_us("pick", n) - side.cpu_us("noop", n)
 
 
 def share_native(tree_root: Path, base_root: Path) -> str:
@@ -107,9 +123,15 @@ def measure(tree_env: dict[str, str], base_env: dict[str, str], *, sizes=(8, 64)
                     for side in order:
                         s = side.setups[n]
                         s.resume()
-                        time.sleep(settle_s)
-                        side.noop[n].append(unary_phase(s.target, "noop", 1, per, reqs))
-                        side.pick[n].append(unary_phase(s.target, "pick", 1, per, reqs))
+                        c0, t0 = s.cpu(), time.perf_counter()
+                        time.sleep(settle_s)  # fresh again after the pause; idle CPU rate
+                        idle = (s.cpu() - c0) / (time.perf_counter() - t0)
+                        for phase, into in (("noop", side.noop), ("pick", side.pick)):
+                            c0, t0 = s.cpu(), time.perf_counter()
+                            into[n].append(unary_phase(s.target, phase, 1, per, reqs))
+                            used = s.cpu() - c0 - idle * (time.perf_counter() - t0)
+                            side.cpu_s[(phase, n)] = side.cpu_s.get((phase, n), 0.0) + max(
+                                0.0, used)
                         s.pause()
                 log(f"round {k + 1}/{rounds}: " + ", ".join(
                     f"{n}: " + " ".join(f"{side.name} {statistics.median(side.pick[n][-1]):.0f}"
@@ -164,7 +186,7 @@ def main(argv: list[str]) -> int:
     t = Table(title=f"Pick ÷ no-op over gRPC, tree beside {args.base} — {when}, "
                     f"{os.cpu_count()} cores, load {load0[0]:.1f} → {load1[0]:.1f}")
     for c in ("endpoints", "side", "no-op p50 µs", "Pick p50 µs", "Pick ÷ no-op p50",
-              "Pick − no-op µs", "server host p50 µs"):
+              "Pick − no-op µs", "server CPU µs/call no-op / Pick", "server host p50 µs"):
         t.add_column(c, justify="right")
     by = {s.name: s for s in sides}
     for n in sizes:
@@ -172,7 +194,8 @@ def main(argv: list[str]) -> int:
             host = s.setups[n].host_us.get("total", (float("nan"),))[0]
             noop, pick = s.p50("noop", n), s.p50("pick", n)
             t.add_row(str(n), s.name, f"{noop:.0f}", f"{pick:.0f}", f"{s.ratio(n):.3f}",
-                      f"{pick - noop:.0f}", f"{host:.0f}")
+                      f"{pick - noop:.0f}",
+                      f"{s.cpu_us('noop', n):.0f} / {s.cpu_us('pick', n):.0f}", f"{host:.0f}")
     console = Console(width=150)
     console.print(t)
     ht = Table(title="host time per pick inside each server, p50 / mean µs (its "
@@ -193,7 +216,9 @@ def main(argv: list[str]) -> int:
         extra_t = tr.p50("pick", n) - tr.p50("noop", n)
         console.print(f"{n} endpoints: tree ÷ base Pick p50 "
                       f"{tr.p50('pick', n) / b.p50('pick', n):.3f}, Pick − no-op "
-                      f"{extra_t / extra_b if extra_b > 0 else float('nan'):.3f}; "
+                      f"{extra_t / extra_b if extra_b > 0 else float('nan'):.3f}, server CPU "
+                      f"per Pick − per no-op "
+                      f"{_cpu_extra(tr, n) / _cpu_extra(b, n) if _cpu_extra(b, n) > 0 else float('nan'):.3f}; "
                       f"Pick ÷ no-op tree {tr.ratio(n):.3f} (goal <= 1.25), "
                       f"base {b.ratio(n):.3f}")
     return 0

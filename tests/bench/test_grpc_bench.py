@@ -113,6 +113,7 @@ def test_base_mode_runs_the_tree_and_the_ref_side_by_side_and_gives_both_ratios(
     assert "round 1/2: 2: base " in out and "round 2/2: 2: base " in out, out
     line = [x for x in out.splitlines() if x.startswith("2 endpoints: tree ÷ base Pick p50 ")]
     assert len(line) == 1 and "Pick ÷ no-op tree " in line[0], out
+    assert "server CPU per Pick − per no-op " in line[0], out
 
 
 def test_base_mode_shares_the_c_loop_only_when_its_source_is_the_same(tmp_path):
