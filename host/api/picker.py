@@ -94,6 +94,8 @@ def _field(tag: int, text: str) -> bytes:
 _ENDPOINT_FIELD: dict[str, bytes] = {}
 _FALLBACK_FIELD: dict[str, bytes] = {}
 _MAX_FIELDS = 4096
+#: ``decision_id``'s tag and one-byte length, by length.
+_ID_HEADS = tuple(bytes((0x1A, n)) for n in range(0x80))
 
 
 def _cached(cache: dict[str, bytes], tag: int, text: str) -> bytes:
@@ -111,13 +113,18 @@ def response_bytes(decision) -> bytes:
     them (an empty ``endpoint`` or ``decision_id`` is left out, every fallback is
     written). Unary ``Pick`` answers with it (:func:`add_to_server`); the same bytes,
     ~3 µs less a pick (tests/api/test_response_bytes.py)."""
-    endpoint, decision_id = decision.endpoint, decision.decision_id
-    parts = [_cached(_ENDPOINT_FIELD, 0x0A, endpoint) if endpoint else b""]
+    endpoint = decision.endpoint
+    head = _ENDPOINT_FIELD.get(endpoint)
+    if head is None:
+        head = _cached(_ENDPOINT_FIELD, 0x0A, endpoint) if endpoint else b""
+    fallbacks = _FALLBACK_FIELD
     for fallback in decision.fallbacks:
-        parts.append(_cached(_FALLBACK_FIELD, 0x12, fallback))
-    if decision_id:
-        parts.append(_field(0x1A, decision_id))
-    return b"".join(parts)
+        got = fallbacks.get(fallback)
+        head += got if got is not None else _cached(fallbacks, 0x12, fallback)
+    raw = decision.decision_id.encode()
+    if len(raw) < 0x80:  # a decision id (~12 bytes): a one-byte length
+        return head + _ID_HEADS[len(raw)] + raw if raw else head
+    return head + _field(0x1A, decision.decision_id)
 
 
 def _serialize_pick(response) -> bytes:

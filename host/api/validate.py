@@ -131,37 +131,22 @@ def to_request(msg: picker_pb2.PickRequest, session_header: str = SESSION_HEADER
     if session_id and len(session_id) > MAX_NAME:
         raise InvalidArgument(f"session id is {len(session_id)} characters long; "
                               f"the limit is {MAX_NAME}")
-    # A proto3 optional field with a non-zero value is set: HasField (~0.3 µs each, the
-    # dearest field read) is asked only of a zero.
-    seed = msg.seed
-    if not seed and not msg.HasField("seed"):
-        seed = random_seed()
-    if headers:  # a header may give an SLO the field leaves unset
-        slo_ttft = _slo(msg, "slo_ttft_ms", headers, SLO_TTFT_HEADERS)
-        slo_tpot = _slo(msg, "slo_tpot_ms", headers, SLO_TPOT_HEADERS)
-    else:  # set or not, the field's value is the answer (unset reads 0)
-        slo_ttft, slo_tpot = msg.slo_ttft_ms, msg.slo_tpot_ms
-        if slo_ttft > MAX_SLO_MS:
-            raise InvalidArgument(f"PickRequest.slo_ttft_ms is {slo_ttft}; "
-                                  f"the limit is {MAX_SLO_MS}")
-        if slo_tpot > MAX_SLO_MS:
-            raise InvalidArgument(f"PickRequest.slo_tpot_ms is {slo_tpot}; "
-                                  f"the limit is {MAX_SLO_MS}")
-    prompt_tokens = msg.prompt_tokens
-    if not prompt_tokens and not msg.HasField("prompt_tokens"):
-        prompt_tokens = (len(prompt) + 3) // 4  # estimate_tokens(prompt), inline
     return abi.Request(
         request_id=request_id,
         model=model,
         adapter=adapter,
         prompt=prompt,
         criticality=criticality,
-        seed=seed,
+        seed=msg.seed if msg.HasField("seed") else random_seed(),
         cache_salt=cache_salt,
         headers=headers,
-        slo_ttft_ms=slo_ttft,
-        slo_tpot_ms=slo_tpot,
-        prompt_tokens=prompt_tokens,
+        # _slo only when there is something to read (a field set, or headers).
+        slo_ttft_ms=(_slo(msg, "slo_ttft_ms", headers, SLO_TTFT_HEADERS)
+                     if headers or msg.HasField("slo_ttft_ms") else 0),
+        slo_tpot_ms=(_slo(msg, "slo_tpot_ms", headers, SLO_TPOT_HEADERS)
+                     if headers or msg.HasField("slo_tpot_ms") else 0),
+        prompt_tokens=(msg.prompt_tokens if msg.HasField("prompt_tokens")
+                       else (len(prompt) + 3) // 4),  # estimate_tokens(prompt), inline
         session_id=session_id,
     )
 
