@@ -50,9 +50,10 @@ from grpc_reflection.v1alpha import reflection
 from epick import telemetry
 from epick.api.admin import MAX_REQUEST_BYTES, AdminService
 from epick.api.decide import Decider
-from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2, picker_pb2_grpc
+from epick.api.gen.epick.v1 import admin_pb2, admin_pb2_grpc, picker_pb2
 from epick.api.grpc_server import PENDING_CALLS_OPTIONS
 from epick.api.picker import PickerService
+from epick.api.picker import add_to_server as add_picker_to_server
 from epick.api.weights import WeightsHub
 from epick.config import Config, ConfigError, load, resolve_module
 from epick.interfaces import PluginError
@@ -501,7 +502,7 @@ class Service:
                                allow_pinning=self.config.server.allow_pinning,
                                weights=self.weights, tracer=self.tracer,
                                session_header=self.config.server.session_header)
-        picker_pb2_grpc.add_EndpointPickerServicer_to_server(picker, server)
+        add_picker_to_server(picker, server)  # Pick answers with bytes (epick.api.picker)
         # Flow control sits in the one pick path; a reload reconfigures it there.
         picker.decider.configure_flow(self.config.flow_control)
         self._decider = picker.decider

@@ -106,6 +106,9 @@ class Setup:
     """``--pin``: the server's CPUs and its scrape worker's (``[pool] scrape_worker_cpus``)."""
     extra: str = ""
     """``--with``: a built-in policy served after the three defaults."""
+    env: dict[str, str] | None = None
+    """The server's environment (``None``: this process's); ``--base`` gives the base
+    side one that imports the base checkout's ``epick``."""
     proc: subprocess.Popen | None = None
     target: str = ""
     metrics_url: str = ""
@@ -139,7 +142,7 @@ class Setup:
                  "--log-level", "WARNING", "serve", "--config", str(config_path)],
                 stdout=subprocess.PIPE, stderr=err, text=True,
                 start_new_session=True,  # pause/resume/cpu cover its scrape worker too
-                preexec_fn=_on_cpus(self.serve_cpus),
+                preexec_fn=_on_cpus(self.serve_cpus), env=self.env,
             )
         line = self.proc.stdout.readline()
         if "serving Pick on" not in line:
@@ -549,6 +552,11 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    if any(a == "--base" or a.startswith("--base=") for a in argv or []):
+        from epick.bench.grpc_ab import main as ab_main  # this tree beside a git ref
+
+        return ab_main(list(argv or []))
+
     ap = argparse.ArgumentParser(prog="epick bench pick --grpc", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="8,64", help="endpoint counts, comma-separated")
@@ -567,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="pin the servers and the clients to the first CPU, the scrape "
                          "workers and the page server to the others (the engines on other "
                          "machines, a core for scraping)")
+    ap.add_argument("--base", metavar="REF",
+                    help="instead: Pick ÷ no-op of this tree beside a git ref's, side by "
+                         "side per size (epick.bench.grpc_ab; its own --help)")
     ap.add_argument("--py-spy", type=Path, metavar="DIR",
                     help="profile the server in the first round's seq and stream phases "
                          "(py-spy on PATH or beside python) into DIR, and print where its "

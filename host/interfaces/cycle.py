@@ -7,7 +7,7 @@ payload with :meth:`Cycle.score_input` and so needs this type, not the scheduler
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from epick import abi
@@ -52,9 +52,10 @@ class Cycle:
     request: abi.Request
     assignments: AssignmentView | None = None
     """What the host has sent where (``ScoreInput.in_flight`` / ``picked_since_scrape``)."""
-    _inputs: dict[tuple[bool, tuple[int, ...]], bytes] = field(default_factory=dict)
-    _assigned: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] = field(
-        default_factory=dict)
+    # The per-cycle caches below are made when first written (None until then): a pick
+    # builds one Cycle and most of them are never used (KV events off, ABI v2 frames).
+    _inputs: dict[tuple[bool, tuple[int, ...]], bytes] | None = None
+    _assigned: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] | None = None
     now_ms: int = 0
     """Unix ms of this decision, stamped once by the scheduler so every policy's hooks see
     the same clock (and a replay of the decision log can give them the same again);
@@ -62,10 +63,9 @@ class Cycle:
     kv: KvCounts | None = None
     """Per-candidate KV block counts from the engines' events; ``None`` = KV events off:
     ``prefix_blocks``/``prefix_matched`` stay empty."""
-    _kv: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] = field(
-        default_factory=dict)
+    _kv: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] | None = None
     _pre: tuple[tuple[str, int], bytes] | None = None
-    _cleared: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
+    _cleared: dict[tuple[int, ...], tuple[int, ...]] | None = None
     _last: tuple[tuple[int, ...], bool, bytes] | None = None
     """The last :meth:`score_input` answer, found by the candidates' identity: every
     scorer of a pick gets the same tuple, and hashing 64 ints per lookup costs more than
@@ -86,9 +86,12 @@ class Cycle:
         """``(prefix_blocks, prefix_matched)`` per candidate (cached per cycle)."""
         if self.kv is None:
             return (), ()
-        got = self._kv.get(candidates)
+        cache = self._kv
+        if cache is None:
+            cache = self._kv = {}
+        got = cache.get(candidates)
         if got is None:
-            got = self._kv[candidates] = self.kv.counts(
+            got = cache[candidates] = self.kv.counts(
                 self.request, self.view.snapshot.endpoints, candidates)
         return got
 
@@ -97,10 +100,13 @@ class Cycle:
         are off."""
         if self.kv is None:
             return ()
-        got = self._cleared.get(candidates)
+        cache = self._cleared
+        if cache is None:
+            cache = self._cleared = {}
+        got = cache.get(candidates)
         if got is None:
-            got = self._cleared[candidates] = self.kv.cleared(self.view.snapshot.endpoints,
-                                                              candidates)
+            got = cache[candidates] = self.kv.cleared(self.view.snapshot.endpoints,
+                                                      candidates)
         return got
 
     def uncached_tokens(self, candidates: tuple[int, ...]) -> tuple[int, ...]:
@@ -123,7 +129,10 @@ class Cycle:
         """``(in_flight, picked_since_scrape)`` per candidate as the policies see them
         (cached per cycle, so a decision log records what they saw, not the counts after
         the pick)."""
-        got = self._assigned.get(candidates)
+        cache = self._assigned
+        if cache is None:
+            cache = self._assigned = {}
+        got = cache.get(candidates)
         if got is None:
             got = ((), ())
             if self.assignments:
@@ -133,7 +142,7 @@ class Cycle:
                 if not (len(candidates) == len(addresses) and candidates == view.fresh):
                     addresses = [addresses[i] for i in candidates]
                 got = self.assignments.of(addresses)
-            self._assigned[candidates] = got
+            cache[candidates] = got
         return got
 
     def score_input(self, candidates: tuple[int, ...], *, inline_snapshot: bool) -> bytes:
@@ -146,7 +155,10 @@ class Cycle:
         if last is not None and last[0] is candidates and last[1] == inline_snapshot:
             return last[2]
         key = (inline_snapshot, candidates)
-        blob = self._inputs.get(key)
+        inputs = self._inputs
+        if inputs is None:
+            inputs = self._inputs = {}
+        blob = inputs.get(key)
         if blob is None:
             in_flight, since = self.assigned(candidates)
             blocks, matched = self.kv_counts(candidates)
@@ -163,6 +175,6 @@ class Cycle:
                     uncached_tokens=self.uncached_tokens(candidates),
                 )
             )
-            self._inputs[key] = blob
+            inputs[key] = blob
         self._last = (candidates, inline_snapshot, blob)
         return blob

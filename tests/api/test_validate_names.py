@@ -70,3 +70,28 @@ def test_slos_and_the_token_estimate_are_what_they_were():
     assert (r.slo_ttft_ms, r.slo_tpot_ms) == (90, 12)
     with pytest.raises(InvalidArgument, match="x-slo-ttft-ms"):
         to_request(pb.PickRequest(model="m", headers={"x-slo-ttft-ms": "soon"}))
+
+
+def test_an_optional_field_set_to_zero_is_set_and_an_unset_one_is_not(monkeypatch):
+    """HasField is asked only of a zero: a zero that was sent still wins."""
+    monkeypatch.setattr(validate, "random_seed", lambda: 99)
+    r = to_request(pb.PickRequest(model="m", prompt="x" * 9, seed=0, prompt_tokens=0))
+    assert (r.seed, r.prompt_tokens) == (0, 0)
+    r = to_request(pb.PickRequest(model="m", prompt="x" * 9))
+    assert (r.seed, r.prompt_tokens) == (99, 3)
+    r = to_request(pb.PickRequest(model="m", seed=5, prompt_tokens=2))
+    assert (r.seed, r.prompt_tokens) == (5, 2)
+    # A field set to 0 beats a header; an unset one lets the header speak.
+    headers = {"x-slo-ttft-ms": "40", "x-slo-tpot-ms": "8"}
+    r = to_request(pb.PickRequest(model="m", headers=headers, slo_ttft_ms=0))
+    assert (r.slo_ttft_ms, r.slo_tpot_ms) == (0, 8)
+
+
+@pytest.mark.parametrize("field", ["slo_ttft_ms", "slo_tpot_ms"])
+@pytest.mark.parametrize("headers", [{}, {"x-other": "1"}])
+def test_an_slo_over_a_day_is_refused_the_same_with_or_without_headers(field, headers):
+    with pytest.raises(InvalidArgument) as got:
+        to_request(pb.PickRequest(model="m", headers=headers, **{field: 86_400_001}))
+    assert str(got.value) == f"PickRequest.{field} is 86400001; the limit is 86400000"
+    r = to_request(pb.PickRequest(model="m", headers=headers, **{field: 86_400_000}))
+    assert getattr(r, field) == 86_400_000

@@ -94,3 +94,40 @@ def test_with_a_policy_serves_it_after_the_defaults_and_gives_its_p50_ratio():
     assert (r.what, r.value, r.goal, r.ok) == (
         "Pick p50 with ÷ without latency, 1 client, 8 endpoints", 230.0 / 200.0, "<= 1.10",
         False)
+
+
+def test_base_mode_runs_the_tree_and_the_ref_side_by_side_and_gives_both_ratios(tmp_path):
+    """`epick bench pick --grpc --base HEAD`: a server per side and size, both measured in
+    every round, each importing its own checkout's epick."""
+    import subprocess
+    import sys
+
+    from epick.bench.checkout import REPO
+
+    done = subprocess.run(
+        [sys.executable, "-m", "epick.cli", "bench", "pick", "--grpc", "--base", "HEAD",
+         "--sizes", "2", "--seconds", "0.4", "--rounds", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert "round 1/2: 2: base " in out and "round 2/2: 2: base " in out, out
+    line = [x for x in out.splitlines() if x.startswith("2 endpoints: tree ÷ base Pick p50 ")]
+    assert len(line) == 1 and "Pick ÷ no-op tree " in line[0], out
+    assert "server CPU per Pick − per no-op " in line[0], out
+
+
+def test_base_mode_shares_the_c_loop_only_when_its_source_is_the_same(tmp_path):
+    from epick.bench.grpc_ab import NATIVE_LIB, NATIVE_SRC, share_native
+
+    tree, base = tmp_path / "tree", tmp_path / "base"
+    for root in (tree, base):
+        (root / NATIVE_SRC).parent.mkdir(parents=True)
+    assert "no C loop" in share_native(tree, base)
+    (tree / NATIVE_SRC).write_text("int f(void) { return 1; }\n")
+    (tree / NATIVE_LIB).write_bytes(b"\x7fELF built")
+    (base / NATIVE_SRC).write_text("int f(void) { return 2; }\n")
+    assert "scores in Python" in share_native(tree, base)
+    assert not (base / NATIVE_LIB).exists()
+    (base / NATIVE_SRC).write_text("int f(void) { return 1; }\n")
+    assert "both sides" in share_native(tree, base)
+    assert (base / NATIVE_LIB).read_bytes() == b"\x7fELF built"
