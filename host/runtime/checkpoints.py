@@ -66,14 +66,13 @@ class Checkpoints:
         self._dirty = True
         self._last = float("-inf")
 
-    def capture(self, inst: PolicyInstance | None, due: bool | None = None) -> None:
-        """Export ``inst``'s state if a capture is :meth:`due` and the breaker allows
-        (``due``: what :meth:`due` just said, when the caller asked it).
+    def capture(self, inst: PolicyInstance | None) -> None:
+        """Export ``inst``'s state if a capture is :meth:`due` and the breaker allows.
 
         Raises the export's :class:`PolicyError` after recording it (breaker, back-off,
         ``checkpoint_failures``); the older good state stays.
         """
-        if inst is None or not (self.due() if due is None else due) or not self.breaker.allow():
+        if inst is None or not self.due() or not self.breaker.allow():
             return
         now = self._clock()
         t0 = time.perf_counter()

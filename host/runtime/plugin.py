@@ -463,9 +463,9 @@ class WasmPolicy:
         except PolicyError as exc:
             raise sup.failed(stage, exc, t0) from exc
 
-    def _maybe_checkpoint(self, due: bool | None = None) -> None:
+    def _maybe_checkpoint(self) -> None:
         try:
-            self.checkpoints.capture(self.supervisor.instance, due)
+            self.checkpoints.capture(self.supervisor.instance)
         except PolicyError as exc:
             self.supervisor.checkpoint_failed(exc)
 
@@ -507,9 +507,10 @@ def pre_request_all(cycle: Cycle, entries: tuple, endpoint: str,
             except PluginError as exc:
                 failed(exc, *args)
             continue
-        inst._pending = blob  # PolicyInstance.defer_pre_request, nothing pending
-        breaker._outcomes += 1  # CircuitBreaker.success, closed without failures
-        cps._dirty = True  # Checkpoints.changed
-        # Checkpoints.due, the change just marked (and capture, when it is due)
-        if on_hooks and cps.enabled and cps._clock() - cps._last >= cps.gap_s:
-            p._maybe_checkpoint(True)
+        # WasmPolicy.pre_request's deferred path, through the same public calls: what the
+        # group saves is the blob encoded once and one call stack per policy.
+        inst.defer_pre_request(blob)
+        breaker.success()
+        cps.changed()
+        if on_hooks:
+            p._maybe_checkpoint()
