@@ -26,8 +26,10 @@ def test_every_benchmark_module_of_the_package_has_a_name():
     """A new benchmark file gets a sub-command (helpers are listed here as not runnable)."""
     # overload: the flow-control workload `epick bench quality --workloads overload` runs.
     # regress_worker: one side of `epick bench regress`'s interleaved mode.
+    # grpc_ab: `epick bench pick --grpc --base REF`, this tree beside a ref.
     helpers = {"__init__", "cli", "checkout", "timing", "pypolicies", "kvsim", "grpc",
-               "pages", "floor", "profile", "dataplanes", "overload", "regress_worker"}
+               "pages", "floor", "profile", "dataplanes", "overload", "regress_worker",
+               "grpc_ab"}
     files = {p.stem for p in (ROOT / "host" / "bench").glob("*.py")}
     assert sorted(files - helpers) == sorted(BENCHMARKS.values())
 
