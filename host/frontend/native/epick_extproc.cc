@@ -456,26 +456,28 @@ std::string lookup(const std::vector<std::pair<std::string, std::string>>& heade
 // (Struct -> Value.string_value). Returns -1 when no entry names the namespace, 0 when
 // one does but none carries the key, 1 when one does (then *served is the last found).
 // One walk for the routing stream (read_metadata) and the observer (read_served).
+// One protobuf map entry<string, message>: its key (field 1) and value (field 2).
+static void map_entry(Span entry, std::string* key, Span* value) {
+  for (Fields e(entry); e.next();) {
+    if (e.num == 1 && e.type == 2) *key = e.bytes.str();
+    if (e.num == 2 && e.type == 2) *value = e.bytes;
+  }
+}
+
 int served_in(Span meta, std::string* served) {
   int seen = -1;
   for (Fields f(meta); f.next();) {  // Metadata.filter_metadata (map entries)
     if (f.num != 1 || f.type != 2) continue;
     std::string key;
     Span value;
-    for (Fields e(f.bytes); e.next();) {
-      if (e.num == 1 && e.type == 2) key = e.bytes.str();
-      if (e.num == 2 && e.type == 2) value = e.bytes;
-    }
+    map_entry(f.bytes, &key, &value);
     if (key != g.metadata_namespace) continue;
     seen = std::max(seen, 0);
     for (Fields s(value); s.next();) {  // Struct.fields (map entries)
       if (s.num != 1 || s.type != 2) continue;
       std::string k;
       Span v;
-      for (Fields e(s.bytes); e.next();) {
-        if (e.num == 1 && e.type == 2) k = e.bytes.str();
-        if (e.num == 2 && e.type == 2) v = e.bytes;
-      }
+      map_entry(s.bytes, &k, &v);
       if (k != kServed) continue;
       seen = 1, served->clear();
       for (Fields x(v); x.next();)  // Value.string_value
